@@ -1,0 +1,157 @@
+"""The contracts between the rollout driver, the policies and the backends.
+
+Data flows one way: workload -> RolloutDriver -> Policy -> Backend -> lifecycle events.
+The same Policy and RolloutDriver objects run on the simulator and on real engines, so
+everything a policy may look at is in `ClusterView` and `LifecycleEvent`: the present and
+the past, never a trajectory's future (the oracle baseline is the one named exception).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+class Role(str, enum.Enum):
+    """What an engine serves. A role is a routing decision plus the engine's parallelism."""
+
+    COLOCATED = "colocated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class EventKind(str, enum.Enum):
+    TRAJECTORY_START = "trajectory_start"
+    TURN_READY = "turn_ready"          # the turn's prompt is complete
+    PREFILL_START = "prefill_start"
+    PREFILL_END = "prefill_end"
+    TRANSFER_END = "transfer_end"      # KV is on the decode engine
+    DECODE_START = "decode_start"
+    FIRST_TOKEN = "first_token"
+    DECODE_END = "decode_end"
+    TOOL_END = "tool_end"
+    TRAJECTORY_END = "trajectory_end"
+    PREEMPTED = "preempted"            # KV dropped; the tokens will be recomputed
+    ROLE_SWITCH_START = "role_switch_start"
+    ROLE_SWITCH_END = "role_switch_end"
+    ENGINE_FAILED = "engine_failed"
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    kind: EventKind
+    t: float
+    trajectory_id: int = -1
+    turn: int = -1
+    engine_id: int = -1
+    tokens: int = 0                    # see the table below
+    extra_tokens: int = 0
+    detail: str = ""
+
+
+# What `tokens` / `extra_tokens` mean for each event kind:
+#   PREFILL_START  tokens: prompt tokens served from the engine's prefix cache
+#   PREFILL_END    tokens: tokens prefilled by this attempt
+#   TRANSFER_END   tokens: KV tokens moved to the decode engine
+#   DECODE_END     tokens: output tokens of the turn
+#   PREEMPTED      tokens: KV tokens dropped, to be recomputed;
+#                  extra_tokens: tokens the interrupted prefill attempt had computed
+
+
+@dataclass
+class TurnRequest:
+    """One turn of one trajectory, as the router sees it: what is known when its prompt is ready.
+
+    `max_output_tokens` is the cap a real request carries; the true output length is known only
+    to the workload script and the backend that replays it.
+    """
+
+    trajectory_id: int
+    group_id: int
+    turn: int
+    family: str
+    prompt_tokens: int                 # full context of this turn's prompt
+    appended_tokens: int               # tokens added since the previous turn's prompt
+    max_output_tokens: int
+    output_tokens: int = field(repr=False, default=0)   # scripted length, read by backends only
+    t_ready: float = 0.0
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a turn runs: one engine (colocated) or a prefill engine then a decode engine."""
+
+    prefill_engine: int
+    decode_engine: int
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_engine != self.decode_engine
+
+
+@dataclass
+class EngineState:
+    """What a router can observe of one engine right now."""
+
+    engine_id: int
+    role: Role
+    available: bool                    # False while switching roles or failed
+    gpus: int
+    waiting_requests: int
+    waiting_prefill_tokens: int
+    running_requests: int
+    decoding_requests: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    target_role: Role | None = None    # set while a role switch is in progress
+
+
+@dataclass
+class ClusterView:
+    now: float
+    engines: list[EngineState]
+
+    def with_role(self, role: Role) -> list[EngineState]:
+        return [e for e in self.engines if e.available and e.role == role]
+
+
+class Policy(Protocol):
+    """Decides engine roles (plan) and where each turn runs (route).
+
+    `plan` is called every `control_interval_s` of (simulated or wall) time and returns the
+    roles it wants, or None to keep the current ones. `route` must pick available engines:
+    engines whose role serves the leg (colocated or prefill for the prefill leg; colocated or
+    decode for the decode leg).
+    """
+
+    name: str
+    control_interval_s: float | None
+
+    def initial_roles(self, num_engines: int) -> list[Role]: ...
+
+    def observe(self, event: LifecycleEvent) -> None: ...
+
+    def plan(self, view: ClusterView) -> dict[int, Role] | None: ...
+
+    def route(self, request: TurnRequest, view: ClusterView) -> Route: ...
+
+
+class Backend(Protocol):
+    """Executes: runs legs, moves KV, switches roles, keeps time, and reports lifecycle events."""
+
+    def now(self) -> float: ...
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None: ...
+
+    def set_listener(self, on_event: Callable[[LifecycleEvent], None],
+                     on_returned: Callable[[TurnRequest], None]) -> None: ...
+
+    def submit(self, request: TurnRequest, route: Route) -> None: ...
+
+    def switch_role(self, engine_id: int, role: Role) -> None: ...
+
+    def view(self) -> ClusterView: ...
+
+    def run(self) -> None: ...
+
+    def engine_timeline(self) -> list[dict]: ...

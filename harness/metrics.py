@@ -1,0 +1,91 @@
+"""Per-run metrics and the lower bound on rollout time.
+
+lower_bound_s: no policy can finish faster on this cluster and workload, under the cost model's own
+rates. For a set of trajectories released together it is the larger of
+  - the critical path: the slowest trajectory run alone, with a perfect prefix cache (each turn
+    prefills only the tokens appended since the previous turn), on the fastest role parallelism,
+    the prefill in one step, the decode at batch 1, plus its tool latencies; and
+  - the work bound: all prefill tokens at the best per-engine prefill rate, or all decode tokens at
+    the best per-engine decode rate (a full batch at zero context), spread over every engine.
+sync: the sum of that bound over the RL steps; async: the bound over all trajectories at once.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness.cluster import ClusterConfig
+from harness.perf.roofline import RankBatch, RooflineCostModel
+from harness.trajectory import TrajectoryScript
+
+
+class LowerBound:
+    def __init__(self, cluster: ClusterConfig):
+        self.cluster = cluster
+        self.models = [RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, p)
+                       for p in set(cluster.parallelism.values())]
+        budget = cluster.max_num_batched_tokens
+        self.prefill_rate = max(budget / m.step_time([RankBatch(prefill_tokens=budget, requests=1,
+                                                               prefill_attn_ctx=budget * (budget - 1) / 2,
+                                                               prefill_kv_read=budget)]
+                                                    + [RankBatch()] * (m.par.dp - 1))
+                                for m in self.models)
+        seqs = cluster.max_num_seqs
+        self.decode_rate = max(
+            seqs * m.par.dp / float(m.decode_step_times(np.full(m.par.dp, seqs), np.zeros(m.par.dp), 1)[0])
+            for m in self.models)
+
+    def prefill_alone(self, new: int, cached: int) -> float:
+        return min(m.step_time([RankBatch(prefill_tokens=new, prefill_attn_ctx=new * (cached + (new - 1) / 2),
+                                          prefill_kv_read=cached + new, requests=1)]
+                               + [RankBatch()] * (m.par.dp - 1)) for m in self.models)
+
+    def decode_alone(self, context: int, steps: int) -> float:
+        if steps <= 0:
+            return 0.0
+        return min(float(m.decode_step_times(np.array([1] + [0] * (m.par.dp - 1)),
+                                             np.array([context] + [0] * (m.par.dp - 1)), steps).sum())
+                   for m in self.models)
+
+    def critical_path(self, s: TrajectoryScript) -> float:
+        t, context = 0.0, 0
+        for k, turn in enumerate(s.turns):
+            new = turn.new_tokens + (s.turns[k - 1].output_tokens if k else 0)
+            t += self.prefill_alone(new, context)
+            context += new
+            t += self.decode_alone(context, turn.output_tokens - 1)
+            context += turn.output_tokens
+            if k + 1 < len(s.turns):
+                t += turn.tool_latency_s
+        return t
+
+    def bound(self, scripts: list[TrajectoryScript]) -> float:
+        if not scripts:
+            return 0.0
+        prefill = sum(t.new_tokens + (s.turns[k - 1].output_tokens if k else 0)
+                      for s in scripts for k, t in enumerate(s.turns))
+        decode = sum(t.output_tokens for s in scripts for t in s.turns)
+        n = self.cluster.num_engines
+        work = max(prefill / (n * self.prefill_rate), decode / (n * self.decode_rate))
+        return max(work, max(self.critical_path(s) for s in scripts))
+
+
+def lower_bound_s(cluster: ClusterConfig, scripts: list[TrajectoryScript], mode: str) -> float:
+    lb = LowerBound(cluster)
+    if mode == "async":
+        return lb.bound(scripts)
+    steps: dict[int, list[TrajectoryScript]] = {}
+    for s in scripts:
+        steps.setdefault(s.step, []).append(s)
+    return sum(lb.bound(v) for v in steps.values())
+
+
+def turn_latency_percentiles(df) -> dict[str, float]:
+    """Per-turn latency: prompt ready to last token."""
+    lat = (df["t_decode_end"] - df["t_ready"]).to_numpy()
+    lat = lat[~np.isnan(lat)]
+    if not len(lat):
+        return {"turn_latency_p50_s": math.nan, "turn_latency_p90_s": math.nan, "turn_latency_p99_s": math.nan}
+    p50, p90, p99 = np.percentile(lat, [50, 90, 99])
+    return {"turn_latency_p50_s": float(p50), "turn_latency_p90_s": float(p90), "turn_latency_p99_s": float(p99)}

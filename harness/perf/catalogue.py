@@ -1,0 +1,120 @@
+"""GPU and model specifications, read from configs/catalogue/ (each entry cites its source there)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "configs" / "catalogue"
+BYTES_PER_PARAM = 2   # BF16 weights and KV cache
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    peak_flops: float
+    hbm_bytes: float
+    hbm_bw: float
+    scaleup_bw: float
+    nic_bw: float
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    layers: int
+    experts: int
+    top_k: int
+    intermediate: int
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    kv_lora_rank: int
+    rope_dim: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    total_params: float
+    intermediate: int = 0
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    attn_head_dim: int | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Whole-model KV bytes per token: GQA 2*L*kv_heads*d*2, MLA L*(rank+rope)*2."""
+        if self.mla is not None:
+            return self.layers * (self.mla.kv_lora_rank + self.mla.rope_dim) * BYTES_PER_PARAM
+        return 2 * self.layers * self.kv_heads * self.head_dim * BYTES_PER_PARAM
+
+    @property
+    def expert_params(self) -> float:
+        if self.moe is None:
+            return 0.0
+        return float(self.moe.layers * self.moe.experts * 3 * self.hidden * self.moe.intermediate)
+
+    @property
+    def active_expert_params(self) -> float:
+        if self.moe is None:
+            return 0.0
+        return float(self.moe.layers * self.moe.top_k * 3 * self.hidden * self.moe.intermediate)
+
+    @property
+    def dense_params(self) -> float:
+        """Parameters every token passes through (attention, dense MLPs, norms, embeddings)."""
+        return self.total_params - self.expert_params
+
+    @property
+    def dense_gemm_params(self) -> float:
+        """Dense parameters used as GEMMs (the input embedding is a lookup, not a GEMM)."""
+        return self.dense_params - self.vocab * self.hidden
+
+    @property
+    def active_params(self) -> float:
+        return self.dense_params + self.active_expert_params
+
+
+def _read(name: str) -> dict:
+    with open(CATALOGUE_DIR / name) as f:
+        return yaml.safe_load(f)
+
+
+@cache
+def gpu_catalogue() -> dict[str, GPUSpec]:
+    return {k: GPUSpec(name=k, **{f: float(x) for f, x in v.items()}) for k, v in _read("gpus.yaml").items()}
+
+
+@cache
+def model_catalogue() -> dict[str, ModelSpec]:
+    out = {}
+    for k, v in _read("models.yaml").items():
+        v = dict(v)
+        moe = MoESpec(**v.pop("moe")) if "moe" in v else None
+        mla = MLASpec(**v.pop("mla")) if "mla" in v else None
+        v["total_params"] = float(v["total_params"])  # YAML 1.1 reads "8.2e9" as a string
+        out[k] = ModelSpec(name=k, moe=moe, mla=mla, **v)
+    return out
+
+
+@cache
+def perf_defaults() -> dict[str, float]:
+    return {k: float(v) for k, v in _read("perf.yaml").items()}
+
+
+def lookup(kind: str, name: str, key: str):
+    """Find a catalogue entry or fail naming the config key and the allowed values."""
+    table = gpu_catalogue() if kind == "gpu" else model_catalogue()
+    if name not in table:
+        raise ValueError(f"{key}={name!r} is not in configs/catalogue/{kind}s.yaml; "
+                         f"allowed: {', '.join(sorted(table))}")
+    return table[name]

@@ -1,0 +1,54 @@
+"""A step-time model fitted to measured step times of a real engine (a profile file).
+
+The profile is JSON: {"prefill": [{"new_tokens", "cached_tokens", "seconds"}, ...],
+"decode": [{"batch", "context", "seconds"}, ...]}. Step time is fitted as DistServe's simulator
+does (reference/simulator.md): prefill a + b*tokens + c*attention context, decode d + e*batch +
+f*summed context; a mixed step adds the prefill and decode terms to the larger intercept.
+Memory (KV capacity) still follows from the GPU and the model, as in the roofline model.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from harness.perf.roofline import RankBatch, RooflineCostModel
+
+
+def fit_profile(profile: dict) -> dict[str, float]:
+    pf = profile["prefill"]
+    x = np.array([[1.0, r["new_tokens"], r["new_tokens"] * (r["cached_tokens"] + (r["new_tokens"] - 1) / 2)]
+                  for r in pf])
+    a, b, c = np.linalg.lstsq(x, np.array([r["seconds"] for r in pf]), rcond=None)[0]
+    dc = profile["decode"]
+    x = np.array([[1.0, r["batch"], r["batch"] * r["context"]] for r in dc])
+    d, e, f = np.linalg.lstsq(x, np.array([r["seconds"] for r in dc]), rcond=None)[0]
+    return {"prefill_base_s": a, "prefill_s_per_token": b, "prefill_s_per_attn_ctx": c,
+            "decode_base_s": d, "decode_s_per_seq": e, "decode_s_per_ctx": f}
+
+
+class ProfiledCostModel(RooflineCostModel):
+    def __init__(self, coefficients: dict[str, float], *args):
+        super().__init__(*args)
+        self.k = coefficients
+
+    @classmethod
+    def from_file(cls, path: str, model, gpu, perf, par) -> ProfiledCostModel:
+        with open(path) as f:
+            return cls(fit_profile(json.load(f)), model, gpu, perf, par)
+
+    def rank_time(self, b: RankBatch) -> float:
+        k = self.k
+        base = max(k["prefill_base_s"], k["decode_base_s"]) if b.prefill_tokens else k["decode_base_s"]
+        return (base + k["prefill_s_per_token"] * b.prefill_tokens + k["prefill_s_per_attn_ctx"] * b.prefill_attn_ctx
+                + k["decode_s_per_seq"] * b.decode_seqs + k["decode_s_per_ctx"] * b.decode_ctx)
+
+    def step_time(self, ranks: list[RankBatch]) -> float:
+        return max(self.rank_time(r) for r in ranks)
+
+    def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int) -> np.ndarray:
+        k = self.k
+        j = np.arange(steps, dtype=np.float64)[:, None]
+        c = ctx[None, :].astype(np.float64) + j * seqs[None, :]
+        t = k["decode_base_s"] + k["decode_s_per_seq"] * seqs[None, :] + k["decode_s_per_ctx"] * c
+        return t.max(axis=1)

@@ -1,0 +1,152 @@
+"""Roofline step-time model (../shared/reference/simulator.md, "Step time (roofline)").
+
+One engine iteration is one forward pass over a batch that may mix prefill chunks and decode
+tokens. Per data-parallel attention rank:
+    t_rank = max(compute, memory) + TP all-reduces
+    compute = 2*P_dense*tokens/(tp*peak*gemm_mfu) + 4*L*H*d*ctx_tokens/(tp*peak*attn_mfu)
+    memory  = (dense weights/tp + KV bytes read/tp_kv) / (hbm_bw*mem_efficiency)
+and for the whole engine (all ranks step together, "DP attention"):
+    T_step = max_r t_rank + T_moe(all tokens) + T_all2all + fixed overheads
+so one rank's prefill slows every rank's decode. Decode-only steps run as CUDA graphs and skip the
+per-layer launch overhead; a step with any prefill pays it (the "no-CUDA-graph penalty").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.perf.catalogue import BYTES_PER_PARAM, GPUSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """tp: tensor parallel size inside one attention rank; dp: attention data-parallel ranks;
+    ep: experts spread over all tp*dp GPUs (MoE only)."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass(frozen=True)
+class PerfConstants:
+    gemm_mfu: float
+    attn_mfu: float
+    mem_efficiency: float
+    overhead_per_layer_s: float
+    overhead_per_step_s: float
+    overhead_per_request_s: float
+    collective_latency_s: float
+    nic_efficiency: float
+
+
+@dataclass
+class RankBatch:
+    """The work one attention rank does in one step."""
+
+    decode_seqs: int = 0
+    decode_ctx: int = 0            # sum of the decoding sequences' context lengths
+    prefill_tokens: int = 0
+    prefill_attn_ctx: float = 0.0  # sum over chunks of c * (prefix + (c-1)/2)
+    prefill_kv_read: int = 0       # sum over chunks of prefix + c (KV read once per chunk)
+    requests: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_seqs + self.prefill_tokens
+
+
+class RooflineCostModel:
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, perf: PerfConstants, par: Parallelism):
+        self.model, self.gpu, self.perf, self.par = model, gpu, perf, par
+        tp = par.tp
+        peak = gpu.peak_flops
+        self._gemm_s_per_token = 2 * model.dense_gemm_params / (tp * peak * perf.gemm_mfu)
+        head_dim = model.attn_head_dim or model.head_dim
+        self._attn_s_per_ctx = 4 * model.layers * model.heads * head_dim / (tp * peak * perf.attn_mfu)
+        self._mem_s_per_byte = 1.0 / (gpu.hbm_bw * perf.mem_efficiency)
+        self._weight_bytes_rank = model.dense_gemm_params * BYTES_PER_PARAM / tp
+        # KV heads are split over TP ranks up to kv_heads, then replicated (MLA: always replicated).
+        self.kv_bytes_per_token_gpu = model.kv_bytes_per_token / min(tp, model.kv_heads)
+        if tp > 1:  # two all-reduces per layer of tokens*hidden*2 bytes
+            self._tp_fixed = 2 * model.layers * perf.collective_latency_s
+            self._tp_s_per_token = (2 * model.layers * 2 * (tp - 1) / tp * model.hidden
+                                    * BYTES_PER_PARAM / gpu.scaleup_bw)
+        else:
+            self._tp_fixed = self._tp_s_per_token = 0.0
+        self._moe_gpus = par.gpus if par.ep else tp
+
+    # --- memory -------------------------------------------------------------------------------
+    def weight_bytes_per_gpu(self) -> float:
+        expert = self.model.expert_params * BYTES_PER_PARAM / self._moe_gpus
+        return self.model.dense_params * BYTES_PER_PARAM / self.par.tp + expert
+
+    def kv_capacity_tokens(self, memory_fraction: float, activation_reserve_bytes: float) -> int:
+        """Tokens of KV one attention rank can hold."""
+        free = self.gpu.hbm_bytes * memory_fraction - self.weight_bytes_per_gpu() - activation_reserve_bytes
+        return int(free // self.kv_bytes_per_token_gpu) if free > 0 else 0
+
+    # --- time ---------------------------------------------------------------------------------
+    def gemm_time(self, params: float, tokens: int, tp: int = 1) -> float:
+        """One GEMM over `tokens` rows of a `params`-parameter weight (used by the golden test)."""
+        flops = 2 * params * tokens / (tp * self.gpu.peak_flops * self.perf.gemm_mfu)
+        bytes_ = (params * BYTES_PER_PARAM / tp + 2 * tokens * self.model.hidden * BYTES_PER_PARAM)
+        return max(flops, bytes_ * self._mem_s_per_byte)
+
+    def rank_time(self, b: RankBatch) -> float:
+        tokens = b.tokens
+        compute = self._gemm_s_per_token * tokens + self._attn_s_per_ctx * (b.decode_ctx + b.prefill_attn_ctx)
+        memory = (self._weight_bytes_rank
+                  + self.kv_bytes_per_token_gpu * (b.decode_ctx + b.prefill_kv_read)) * self._mem_s_per_byte
+        comm = self._tp_fixed + self._tp_s_per_token * tokens if tokens else 0.0
+        return max(compute, memory) + comm
+
+    def moe_time(self, tokens: int) -> float:
+        moe = self.model.moe
+        if moe is None or tokens == 0:
+            return 0.0
+        n = self._moe_gpus
+        flops = 2 * self.model.active_expert_params * tokens / (n * self.gpu.peak_flops * self.perf.gemm_mfu)
+        touched = moe.experts * (1 - ((moe.experts - moe.top_k) / moe.experts) ** tokens)
+        bytes_ = touched / moe.experts * self.model.expert_params * BYTES_PER_PARAM / n
+        t = max(flops, bytes_ * self._mem_s_per_byte)
+        if self.par.ep and n > 1:  # dispatch + combine per MoE layer
+            link = self.gpu.scaleup_bw if n <= 8 else self.gpu.nic_bw * self.perf.nic_efficiency
+            per_gpu = tokens / n * moe.top_k * self.model.hidden * BYTES_PER_PARAM * (n - 1) / n
+            t += 2 * moe.layers * (self.perf.collective_latency_s + per_gpu / link)
+        return t
+
+    def _fixed(self, requests: int, any_prefill: bool) -> float:
+        t = self.perf.overhead_per_step_s + self.perf.overhead_per_request_s * requests
+        if any_prefill:
+            t += self.perf.overhead_per_layer_s * self.model.layers
+        return t
+
+    def step_time(self, ranks: list[RankBatch]) -> float:
+        """Time of one engine step; ranks with no work still take part (DP attention idle batch)."""
+        tokens = sum(r.tokens for r in ranks)
+        any_prefill = any(r.prefill_tokens for r in ranks)
+        slowest = max(self.rank_time(r) for r in ranks)
+        return slowest + self.moe_time(tokens) + self._fixed(sum(r.requests for r in ranks), any_prefill)
+
+    def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int) -> np.ndarray:
+        """Times of `steps` consecutive decode-only steps whose batch does not change.
+
+        seqs[r], ctx[r]: decoding sequences and their summed context on rank r at the first step;
+        each step adds seqs[r] to ctx[r]. Both the fast-forward and the token-by-token path use
+        this function, so the two give bit-identical times.
+        """
+        j = np.arange(steps, dtype=np.float64)[:, None]
+        c = ctx[None, :].astype(np.float64) + j * seqs[None, :]
+        n = seqs.astype(np.float64)[None, :]
+        compute = self._gemm_s_per_token * n + self._attn_s_per_ctx * c
+        memory = (self._weight_bytes_rank + self.kv_bytes_per_token_gpu * c) * self._mem_s_per_byte
+        comm = np.where(n > 0, self._tp_fixed + self._tp_s_per_token * n, 0.0)
+        slowest = (np.maximum(compute, memory) + comm).max(axis=1)
+        total = int(seqs.sum())
+        return slowest + (self.moe_time(total) + self._fixed(total, False))

@@ -1,0 +1,250 @@
+"""RolloutDriver: the agent loop of every trajectory, in synchronous or asynchronous RL.
+
+Per trajectory: prefill leg -> [KV transfer] -> decode leg -> tool call -> next turn, whose prompt is
+the previous prompt + the model's output + the tool's output. The driver asks the policy where each
+turn runs and, every control interval, which role each engine should have; the backend executes.
+
+- sync: an RL step releases B prompts x G samples at once and ends when its last trajectory ends;
+  steps run back to back (lengths may drift from step to step, as the workload says).
+- async: up to `max_in_flight` trajectories run at once; a new one starts when another ends, as long
+  as its batch is at most `staleness` steps ahead of the batches already completed (a trainer that
+  consumes each completed batch at once); the run ends when num_steps batches have completed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.api import Backend, ClusterView, EventKind, LifecycleEvent, Policy, Role, Route, TurnRequest
+from harness.trajectory import TrajectoryScript, TurnRecord, validate_script
+from workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    name: str                       # sync | async
+    num_steps: int
+    max_in_flight: int = 0          # async only
+    staleness: int = 1              # async only
+
+    def __post_init__(self):
+        if self.name not in ("sync", "async"):
+            raise ValueError(f"mode.name={self.name!r} is invalid; allowed: sync, async")
+        if self.num_steps < 1:
+            raise ValueError(f"mode.num_steps={self.num_steps} is invalid; allowed: an integer >= 1")
+        if self.name == "async" and (self.max_in_flight < 1 or self.staleness < 0):
+            raise ValueError(f"mode.max_in_flight={self.max_in_flight}, mode.staleness={self.staleness} are "
+                             "invalid; allowed: max_in_flight >= 1, staleness >= 0")
+
+
+@dataclass
+class RolloutResult:
+    records: list[TurnRecord]
+    scripts: list[TrajectoryScript]
+    step_windows: list[tuple[float, float]]   # sync: each step's (start, end); async: one window
+    rollout_time_s: float
+    num_role_switches: int
+    events: list[LifecycleEvent] = field(default_factory=list)
+
+
+def check_route(route: Route, view: ClusterView, request: TurnRequest) -> None:
+    """A route must name available engines whose roles serve its legs."""
+    engines = {e.engine_id: e for e in view.engines}
+    p, d = engines.get(route.prefill_engine), engines.get(route.decode_engine)
+    where = f"route {route} for trajectory {request.trajectory_id} turn {request.turn}"
+    if p is None or d is None:
+        raise ValueError(f"{where}: no such engine")
+    if not (p.available and d.available):
+        raise ValueError(f"{where}: engine not available (switching roles or failed)")
+    if route.disaggregated:
+        if p.role == Role.DECODE or d.role == Role.PREFILL:
+            raise ValueError(f"{where}: prefill on a {p.role.value} engine, decode on a {d.role.value} engine")
+    elif p.role == Role.PREFILL:
+        raise ValueError(f"{where}: a prefill engine cannot decode")
+
+
+class RolloutDriver:
+    def __init__(self, workload: Workload, policy: Policy, backend: Backend, mode: ModeConfig,
+                 keep_events: bool = False):
+        self.workload, self.policy, self.backend, self.mode = workload, policy, backend, mode
+        self.keep_events = keep_events
+        self.events: list[LifecycleEvent] = []
+        self.records: dict[tuple[int, int], TurnRecord] = {}
+        self.scripts: dict[int, TrajectoryScript] = {}
+        self.context: dict[int, int] = {}          # trajectory -> prompt tokens of its current turn
+        self.batch_traj = workload.batch_size * workload.group_size
+        self.total = mode.num_steps * self.batch_traj
+        self.started = self.completed = 0
+        self.step_done: dict[int, int] = {}
+        self.step_windows: list[tuple[float, float]] = []
+        self.parked: list[TurnRequest] = []
+        self.role_switches = 0
+        self.finished_at = math.nan
+        self._pending_batches: dict[int, list[TrajectoryScript]] = {}
+        backend.set_listener(self._on_event, self._route_and_submit)
+
+    # --- public -------------------------------------------------------------------------------
+    def run(self) -> RolloutResult:
+        if self.mode.name == "sync":
+            self._start_sync_step(0)
+        else:
+            self._fill_async()
+        if self.policy.control_interval_s:
+            self.backend.call_later(0.0, self._control_tick)
+        self.backend.run()
+        if self.completed != self.total:
+            raise RuntimeError(f"rollout stalled: {self.completed} of {self.total} trajectories completed "
+                               f"(parked requests: {len(self.parked)})")
+        if self.mode.name == "async":
+            self.step_windows = [(0.0, self.finished_at)]
+        rollout = sum(b - a for a, b in self.step_windows)
+        records = sorted(self.records.values(), key=lambda r: (r.trajectory_id, r.turn))
+        scripts = sorted(self.scripts.values(), key=lambda s: s.trajectory_id)
+        return RolloutResult(records, scripts, self.step_windows, rollout, self.role_switches, self.events)
+
+    # --- trajectory lifecycle ------------------------------------------------------------------
+    def _batch(self, step: int) -> list[TrajectoryScript]:
+        if step not in self._pending_batches:
+            scripts = self.workload.batch(step)
+            if len(scripts) != self.batch_traj:
+                raise ValueError(f"workload {self.workload.name} gave {len(scripts)} trajectories for step "
+                                 f"{step}; expected batch_size*group_size={self.batch_traj}")
+            self._pending_batches[step] = list(reversed(scripts))
+        return self._pending_batches[step]
+
+    def _start_trajectory(self, script: TrajectoryScript) -> None:
+        validate_script(script)
+        self.scripts[script.trajectory_id] = script
+        self.started += 1
+        self._emit(LifecycleEvent(EventKind.TRAJECTORY_START, self.backend.now(), script.trajectory_id, 0))
+        self.context[script.trajectory_id] = 0
+        self._turn_ready(script, 0)
+
+    def _turn_ready(self, script: TrajectoryScript, turn: int) -> None:
+        tid = script.trajectory_id
+        t = script.turns[turn]
+        appended = t.new_tokens + (script.turns[turn - 1].output_tokens if turn else 0)
+        self.context[tid] += appended
+        now = self.backend.now()
+        req = TurnRequest(trajectory_id=tid, group_id=script.group_id, turn=turn, family=script.family,
+                          prompt_tokens=self.context[tid], appended_tokens=appended,
+                          max_output_tokens=script.max_output_tokens, output_tokens=t.output_tokens, t_ready=now)
+        self.records[(tid, turn)] = TurnRecord(trajectory_id=tid, group_id=script.group_id, step=script.step,
+                                               family=script.family, turn=turn, t_ready=now,
+                                               prompt_tokens=req.prompt_tokens)
+        self._emit(LifecycleEvent(EventKind.TURN_READY, now, tid, turn, tokens=appended))
+        self._route_and_submit(req)
+
+    def _route_and_submit(self, req: TurnRequest) -> None:
+        view = self.backend.view()
+        route = self.policy.route(req, view)
+        if route is None:
+            self.parked.append(req)
+            return
+        check_route(route, view, req)
+        rec = self.records[(req.trajectory_id, req.turn)]
+        rec.engine_prefill, rec.engine_decode = route.prefill_engine, route.decode_engine
+        self.backend.submit(req, route)
+
+    def _retry_parked(self) -> None:
+        parked, self.parked = self.parked, []
+        for req in parked:
+            self._route_and_submit(req)
+
+    def _trajectory_end(self, tid: int) -> None:
+        script = self.scripts[tid]
+        self._emit(LifecycleEvent(EventKind.TRAJECTORY_END, self.backend.now(), tid, len(script.turns) - 1))
+        self.completed += 1
+        if self.completed == self.total:
+            self.finished_at = self.backend.now()
+        if self.mode.name == "sync":
+            self.step_done[script.step] = self.step_done.get(script.step, 0) + 1
+            if self.step_done[script.step] == self.batch_traj:
+                start = self.step_windows[-1][0]
+                self.step_windows[-1] = (start, self.backend.now())
+                if script.step + 1 < self.mode.num_steps:
+                    self._start_sync_step(script.step + 1)
+        else:
+            self._fill_async()
+
+    def _start_sync_step(self, step: int) -> None:
+        self.step_windows.append((self.backend.now(), math.nan))
+        batch = self._batch(step)
+        while batch:
+            self._start_trajectory(batch.pop())
+
+    def _fill_async(self) -> None:
+        while (self.started < self.total and self.started - self.completed < self.mode.max_in_flight
+               and self.started // self.batch_traj <= self.completed // self.batch_traj + self.mode.staleness):
+            self._start_trajectory(self._batch(self.started // self.batch_traj).pop())
+
+    # --- events ---------------------------------------------------------------------------------
+    def _emit(self, e: LifecycleEvent) -> None:
+        if self.keep_events:
+            self.events.append(e)
+        self.policy.observe(e)
+
+    def _on_event(self, e: LifecycleEvent) -> None:
+        K = EventKind
+        rec = self.records.get((e.trajectory_id, e.turn))
+        if e.kind == K.PREFILL_START:
+            if math.isnan(rec.t_prefill_start):
+                rec.t_prefill_start = e.t
+                rec.cached_tokens = e.tokens
+        elif e.kind == K.PREFILL_END:
+            rec.new_tokens += e.tokens
+            if math.isnan(rec.t_prefill_end):
+                rec.t_prefill_end = e.t
+        elif e.kind == K.TRANSFER_END:
+            rec.t_transfer_end = e.t
+            rec.transferred_tokens += e.tokens
+        elif e.kind == K.DECODE_START:
+            if math.isnan(rec.t_decode_start):
+                rec.t_decode_start = e.t
+        elif e.kind == K.FIRST_TOKEN:
+            if math.isnan(rec.t_first_token):
+                rec.t_first_token = e.t
+        elif e.kind == K.PREEMPTED:
+            rec.preemptions += 1
+            rec.recomputed_tokens += e.tokens
+            rec.new_tokens += e.extra_tokens
+        elif e.kind == K.DECODE_END:
+            rec.t_decode_end = e.t
+            rec.output_tokens = e.tokens
+            if math.isnan(rec.t_transfer_end):
+                rec.t_transfer_end = rec.t_prefill_end
+        elif e.kind == K.ROLE_SWITCH_END:
+            self.role_switches += 1
+        self._emit(e)
+        if e.kind == K.DECODE_END:
+            self._after_decode(e.trajectory_id, e.turn)
+        elif e.kind == K.ROLE_SWITCH_END and self.parked:
+            self._retry_parked()
+
+    def _after_decode(self, tid: int, turn: int) -> None:
+        script = self.scripts[tid]
+        rec = self.records[(tid, turn)]
+        if turn + 1 == len(script.turns):
+            rec.t_tool_end = rec.t_decode_end
+            self._trajectory_end(tid)
+            return
+
+        def tool_done():
+            rec.t_tool_end = self.backend.now()
+            self._emit(LifecycleEvent(EventKind.TOOL_END, rec.t_tool_end, tid, turn,
+                                      tokens=script.tool_output_tokens(turn)))
+            self._turn_ready(script, turn + 1)
+        self.backend.call_later(script.turns[turn].tool_latency_s, tool_done)
+
+    def _control_tick(self) -> None:
+        if self.completed == self.total:
+            return
+        view = self.backend.view()
+        wanted = self.policy.plan(view)
+        for e in view.engines:
+            role = (wanted or {}).get(e.engine_id)
+            if role is not None and role != (e.target_role or e.role) and e.target_role is None:
+                self.backend.switch_role(e.engine_id, role)
+        if self.parked:
+            self._retry_parked()
+        self.backend.call_later(self.policy.control_interval_s, self._control_tick)

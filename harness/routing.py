@@ -1,0 +1,43 @@
+"""Routing helpers shared by policies: where each trajectory's KV lives, and which engine is least loaded.
+
+A real router knows where it sent each trajectory's last legs (sticky sessions), so prefix-aware
+routing needs nothing beyond the lifecycle events.
+"""
+from __future__ import annotations
+
+from harness.api import EngineState, EventKind, LifecycleEvent
+
+
+class PrefixTracker:
+    """The engine that last prefilled and the engine that last decoded each trajectory."""
+
+    def __init__(self) -> None:
+        self.prefill_engine: dict[int, int] = {}
+        self.decode_engine: dict[int, int] = {}
+
+    def observe(self, e: LifecycleEvent) -> None:
+        if e.kind == EventKind.PREFILL_END:
+            self.prefill_engine[e.trajectory_id] = e.engine_id
+        elif e.kind == EventKind.DECODE_END:
+            self.decode_engine[e.trajectory_id] = e.engine_id
+        elif e.kind == EventKind.TRAJECTORY_END:
+            self.prefill_engine.pop(e.trajectory_id, None)
+            self.decode_engine.pop(e.trajectory_id, None)
+
+
+def prefill_load(e: EngineState) -> tuple:
+    return (e.waiting_prefill_tokens, e.running_requests, e.engine_id)
+
+
+def decode_load(e: EngineState) -> tuple:
+    return (e.kv_used_tokens / max(e.kv_capacity_tokens, 1), e.running_requests, e.engine_id)
+
+
+def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineState | None:
+    """The preferred engine if it is a candidate (it holds the prefix), else the least loaded."""
+    if not candidates:
+        return None
+    for e in candidates:
+        if e.engine_id == preferred:
+            return e
+    return min(candidates, key=load)

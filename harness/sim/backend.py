@@ -1,0 +1,173 @@
+"""SimBackend: a discrete-event model of a rollout cluster behind the Backend contract.
+
+It owns the clock, the engines, the KV-transfer links and role switches, and reports lifecycle
+events; it decides nothing (routing and roles come from the policy through the driver).
+KV transfer: setup latency + bytes / (NIC bandwidth of the engine's GPUs * efficiency), FIFO on
+the sender's and the receiver's NICs (reference/simulator.md, "KV transfer, memory, prefix cache").
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.cluster import ClusterConfig
+from harness.perf.profiled import ProfiledCostModel
+from harness.perf.roofline import RooflineCostModel
+from harness.sim.clock import EventLoop
+from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
+
+
+class SimBackend:
+    def __init__(self, cluster: ClusterConfig, roles: list[Role], fast_forward: bool = True):
+        if len(roles) != cluster.num_engines:
+            raise ValueError(f"policy gave {len(roles)} roles for cluster.num_engines={cluster.num_engines}")
+        self.cluster = cluster
+        self.gpu = cluster.gpu
+        self.parallelism = cluster.parallelism
+        self.loop = EventLoop()
+        self._cost_models = {}
+        cfg = EngineConfig(max_num_batched_tokens=cluster.max_num_batched_tokens,
+                           max_num_seqs=cluster.max_num_seqs, memory_fraction=cluster.memory_fraction,
+                           activation_reserve_bytes=cluster.activation_reserve_bytes,
+                           fast_forward=fast_forward)
+        self.engines = [SimEngine(i, role, self, cfg) for i, role in enumerate(roles)]
+        self._nic_free = [0.0] * len(self.engines)
+        self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
+        self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency
+        self._on_event: Callable[[LifecycleEvent], None] = lambda e: None
+        self._on_returned: Callable[[TurnRequest], None] = lambda r: None
+        self._timeline: list[dict] = []
+        self._interval = [(0.0, e.role.value, "serving", 0.0) for e in self.engines]
+
+    # --- Backend contract ---------------------------------------------------------------------
+    def now(self) -> float:
+        return self.loop.now
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        self.loop.at(self.loop.now + delay_s, callback)
+
+    def set_listener(self, on_event, on_returned) -> None:
+        self._on_event, self._on_returned = on_event, on_returned
+
+    def submit(self, request: TurnRequest, route: Route) -> None:
+        if route.disaggregated:
+            self._inbound[route.decode_engine] += 1
+            leg = SimRequest(request, route, PREFILL, target=request.prompt_tokens)
+        else:
+            leg = SimRequest(request, route, FULL, target=request.prompt_tokens)
+        self.engines[route.prefill_engine].enqueue(leg)
+
+    def switch_role(self, engine_id: int, role: Role) -> None:
+        e = self.engines[engine_id]
+        if e.target_role is not None or e.role == role:
+            return
+        e.target_role = role
+        e.available = False
+        self._close_interval(e, "draining")
+        self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_START, self.loop.now, engine_id=engine_id,
+                                      detail=f"{e.role.value}->{role.value}"))
+        for leg in e.take_waiting():
+            if leg.route.disaggregated:
+                self._inbound[leg.route.decode_engine] -= 1
+            self._on_returned(leg.request)
+        self._maybe_switch(e)
+
+    def view(self) -> ClusterView:
+        states = []
+        for e in self.engines:
+            rs = e.ranks
+            states.append(EngineState(
+                engine_id=e.id, role=e.role, available=e.available, gpus=self.cluster.gpus_per_engine,
+                waiting_requests=sum(len(r.waiting) for r in rs),
+                waiting_prefill_tokens=sum(r.pending_prefill for r in rs),
+                running_requests=sum(len(r.running) for r in rs),
+                decoding_requests=sum(r.decode_n for r in rs),
+                kv_used_tokens=sum(r.kv_used for r in rs),
+                kv_capacity_tokens=e.kv_capacity_tokens, target_role=e.target_role))
+        return ClusterView(now=self.loop.now, engines=states)
+
+    def run(self) -> None:
+        self.loop.run()
+
+    def engine_timeline(self) -> list[dict]:
+        rows = list(self._timeline)
+        for e in self.engines:
+            t0, role, state, busy0 = self._interval[e.id]
+            rows.append(self._row(e, t0, self.loop.now, role, state, busy0))
+        return sorted(rows, key=lambda r: (r["engine_id"], r["t_start"]))
+
+    # --- called by engines --------------------------------------------------------------------
+    def cost_model(self, role: Role):
+        if role not in self._cost_models:
+            c = self.cluster
+            if c.cost_model == "profiled":
+                self._cost_models[role] = ProfiledCostModel.from_file(c.profile, c.model, c.gpu, c.perf,
+                                                                      c.parallelism[role])
+            else:
+                self._cost_models[role] = RooflineCostModel(c.model, c.gpu, c.perf, c.parallelism[role])
+        return self._cost_models[role]
+
+    def emit(self, kind: EventKind, s: SimRequest, engine_id: int, tokens: int = 0, extra_tokens: int = 0):
+        r = s.request
+        self._on_event(LifecycleEvent(kind, self.loop.now, r.trajectory_id, r.turn, engine_id, tokens,
+                                      extra_tokens))
+
+    def prefill_handoff(self, s: SimRequest) -> None:
+        """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV)."""
+        d = s.route.decode_engine
+        self._inbound[d] -= 1
+        self.engines[d].enqueue(SimRequest(s.request, s.route, DECODE, target=s.request.prompt_tokens))
+
+    def start_transfer(self, s: SimRequest, tokens: int) -> None:
+        p, d = s.route.prefill_engine, s.route.decode_engine
+        start = max(self.loop.now, self._nic_free[p], self._nic_free[d])
+        end = start + self.cluster.kv_transfer_setup_s + tokens * self.cluster.model.kv_bytes_per_token / self._nic_bw
+        self._nic_free[p] = self._nic_free[d] = end
+
+        def arrived():
+            r = s.request
+            self._on_event(LifecycleEvent(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d,
+                                          tokens))
+            self.engines[d].transfer_done(s)
+        self.loop.at(end, arrived)
+
+    def engine_went_idle(self, e: SimEngine) -> None:
+        self._maybe_switch(e)
+
+    # --- role switches ------------------------------------------------------------------------
+    def _maybe_switch(self, e: SimEngine) -> None:
+        if e.target_role is None or e.switching or not e.idle or self._inbound[e.id]:
+            return
+        e.switching = True
+        role = e.target_role
+        reshard = self.cluster.parallelism[role] != self.cluster.parallelism[e.role]
+        delay = self.cluster.reshard_switch_time_s if reshard else self.cluster.switch_time_s
+        self._close_interval(e, "switching")
+
+        def done():
+            old = e.role
+            if reshard:
+                e.configure(role)
+            elif self.cluster.reset_prefix_cache_on_switch:
+                e.clear_prefix_cache()
+            e.role = role
+            e.target_role = None
+            e.available = True
+            e.switching = False
+            self._close_interval(e, "serving")
+            self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
+                                          detail=f"{old.value}->{role.value}"))
+            e.wake()
+        self.loop.at(self.loop.now + delay, done)
+
+    def _row(self, e: SimEngine, t0: float, t1: float, role: str, state: str, busy0: float) -> dict:
+        busy = e.busy_s - busy0
+        return {"engine_id": e.id, "t_start": t0, "t_end": t1, "role": role, "state": state,
+                "busy_s": busy, "utilisation": busy / (t1 - t0) if t1 > t0 else 0.0}
+
+    def _close_interval(self, e: SimEngine, next_state: str) -> None:
+        t0, role, state, busy0 = self._interval[e.id]
+        now = self.loop.now
+        if now > t0:
+            self._timeline.append(self._row(e, t0, now, role, state, busy0))
+        self._interval[e.id] = (now, e.role.value, next_state, e.busy_s)

@@ -1,0 +1,446 @@
+"""One simulated engine: continuous batching over one or more data-parallel attention ranks.
+
+Modelled after vLLM v1's scheduler: each step first gives every decoding sequence one token, then
+fills the rest of the token budget with prefill chunks (chunked prefill), FCFS. KV memory is
+reserved for a request's whole prompt when it is admitted; decode grows it one token per step;
+when a step cannot get memory, the prefix cache is evicted (LRU) and then the most recently
+admitted request is preempted (its KV dropped and recomputed later, as vLLM's recompute mode).
+
+Decode progress is counted per rank (`decode_clock`), so a decode step costs O(1) whatever the
+batch size; while nothing can change a decode-only batch, many steps are advanced at once
+(`fast_forward`), giving the same times as stepping one token at a time.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from harness.api import EventKind, Role, Route, TurnRequest
+from harness.perf.roofline import Parallelism, RankBatch
+
+if TYPE_CHECKING:
+    from harness.sim.backend import SimBackend
+
+FULL, PREFILL, DECODE = "full", "prefill", "decode"   # leg kinds: colocated, P side, D side
+
+
+@dataclass(eq=False)
+class SimRequest:
+    request: TurnRequest
+    route: Route
+    kind: str
+    rank: int = -1
+    state: str = "waiting"          # waiting | transferring | prefilling | decoding
+    target: int = 0                 # KV tokens to hold before decoding
+    computed: int = 0               # KV tokens present (cached + prefilled or moved)
+    prefilled: int = 0              # tokens prefilled by the current attempt
+    generated: int = 0              # output tokens (set on entering decode; see Rank.generated)
+    kv_held: int = 0                # KV tokens reserved on the rank
+    admit_seq: int = 0
+    clock0: int = 0                 # rank decode_clock when this request joined the decode batch
+    started_prefill: bool = False
+    recompute: bool = False         # preempted before: prefill prompt + generated, no handoff
+
+    @property
+    def trajectory_id(self) -> int:
+        return self.request.trajectory_id
+
+
+@dataclass
+class Rank:
+    capacity: int
+    waiting: deque = field(default_factory=deque)
+    running: dict = field(default_factory=dict)     # admit_seq -> SimRequest, admission order
+    cache: OrderedDict = field(default_factory=OrderedDict)   # trajectory_id -> tokens, LRU first
+    cache_tokens: int = 0
+    kv_used: int = 0
+    decode_clock: int = 0
+    decode_n: int = 0
+    decode_ctx: int = 0
+    finish_heap: list = field(default_factory=list)  # (finish clock, admit_seq, request)
+    first_token_due: list = field(default_factory=list)
+    ready: list = field(default_factory=list)        # KV arrived, joins the batch next step
+    pending_prefill: int = 0        # tokens still to prefill, waiting and running requests
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.kv_used - self.cache_tokens
+
+    def generated(self, s: SimRequest) -> int:
+        return s.generated + (self.decode_clock - s.clock0 if s.state == "decoding" else 0)
+
+    def held(self, s: SimRequest) -> int:
+        return s.kv_held + (self.decode_clock - s.clock0 if s.state == "decoding" else 0)
+
+    def evict_until(self, need: int) -> bool:
+        while self.free < need and self.cache:
+            _, tokens = self.cache.popitem(last=False)
+            self.cache_tokens -= tokens
+        return self.free >= need
+
+    def cache_put(self, trajectory_id: int, tokens: int) -> None:
+        old = self.cache.pop(trajectory_id, 0)
+        self.cache_tokens += tokens - old
+        self.cache[trajectory_id] = tokens
+
+
+@dataclass
+class EngineConfig:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    memory_fraction: float
+    activation_reserve_bytes: float
+    fast_forward: bool = True
+
+
+class SimEngine:
+    def __init__(self, engine_id: int, role: Role, backend: SimBackend, cfg: EngineConfig):
+        self.id = engine_id
+        self.backend = backend
+        self.cfg = cfg
+        self.role = role
+        self.target_role: Role | None = None
+        self.available = True
+        self.switching = False
+        self._admit_counter = 0
+        self._version = 0            # invalidates a scheduled step end when a span is cut short
+        self._busy = False
+        self._span: np.ndarray | None = None
+        self._span_start = 0.0
+        self._pending_wake = False
+        self.busy_s = 0.0
+        self.configure(role)
+
+    # --- configuration ------------------------------------------------------------------------
+    def configure(self, role: Role) -> None:
+        self.par: Parallelism = self.backend.parallelism[role]
+        self.cost = self.backend.cost_model(role)
+        cap = self.cost.kv_capacity_tokens(self.cfg.memory_fraction, self.cfg.activation_reserve_bytes)
+        if cap <= 0:
+            raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
+                             f"on a {self.backend.gpu.name} rank (tp={self.par.tp}, dp={self.par.dp}, "
+                             f"ep={self.par.ep}); use more GPUs per engine or a larger GPU")
+        self.ranks = [Rank(capacity=cap) for _ in range(self.par.dp)]
+
+    def clear_prefix_cache(self) -> None:
+        for r in self.ranks:
+            r.cache.clear()
+            r.cache_tokens = 0
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return sum(r.capacity for r in self.ranks)
+
+    # --- intake -------------------------------------------------------------------------------
+    def enqueue(self, s: SimRequest) -> None:
+        """A leg arrives: pick the rank holding its prefix, else the least loaded one."""
+        tid = s.trajectory_id
+        best = None
+        for i, r in enumerate(self.ranks):
+            if tid in r.cache:
+                best = i
+                break
+        if best is None:
+            best = min(range(len(self.ranks)),
+                       key=lambda i: (self.ranks[i].kv_used + sum(w.target for w in self.ranks[i].waiting), i))
+        s.rank = best
+        need = s.request.prompt_tokens if s.kind == DECODE else s.target
+        if need > self.ranks[best].capacity:
+            raise ValueError(
+                f"trajectory {tid} turn {s.request.turn} needs {need} KV tokens but a rank of engine "
+                f"{self.id} ({self.role.value}) holds {self.ranks[best].capacity}; lower the workload's "
+                "context cap or give the engines more memory")
+        rank = self.ranks[best]
+        rank.waiting.append(s)
+        if s.kind != DECODE:
+            rank.pending_prefill += s.target
+        self.wake()
+
+    def wake(self) -> None:
+        """Something changed: start a step now, or end a fast-forward span at its next step."""
+        loop = self.backend.loop
+        if self._span is not None:
+            i = int(np.searchsorted(self._span, loop.now, side="left"))
+            if i < len(self._span) - 1:
+                self._span = self._span[: i + 1]
+                self._version += 1
+                version = self._version
+                loop.at(float(self._span[-1]), lambda: self._end_span(version))
+            return
+        if not self._busy and not self._pending_wake:
+            self._pending_wake = True
+            loop.at(loop.now, self._step)
+
+    def take_waiting(self) -> list[SimRequest]:
+        """Hand back the legs not yet admitted that a router may send elsewhere (role switch)."""
+        out = []
+        for r in self.ranks:
+            keep = deque()
+            for s in r.waiting:
+                if s.kind != DECODE and not s.recompute:
+                    out.append(s)
+                    r.pending_prefill -= s.target
+                else:
+                    keep.append(s)
+            r.waiting = keep
+        return out
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy and all(not r.running and not r.waiting for r in self.ranks)
+
+    # --- admission ----------------------------------------------------------------------------
+    def _admit(self, r: Rank) -> None:
+        while r.waiting and len(r.running) < self.cfg.max_num_seqs:
+            s = r.waiting[0]
+            tid = s.trajectory_id
+            hit = r.cache.pop(tid, 0)
+            r.cache_tokens -= hit
+            if s.kind == DECODE and not s.recompute:
+                need = s.request.prompt_tokens
+                local = min(hit, need)
+            else:
+                need = s.target
+                local = min(hit, need - 1)
+            if not r.evict_until(need - local):
+                if hit:
+                    r.cache[tid] = hit
+                    r.cache.move_to_end(tid, last=False)
+                    r.cache_tokens += hit
+                return
+            r.waiting.popleft()
+            self._admit_counter += 1
+            s.admit_seq = self._admit_counter
+            s.kv_held = need
+            s.computed = local
+            r.kv_used += need
+            r.running[s.admit_seq] = s
+            if s.kind == DECODE and not s.recompute:
+                s.state = "transferring"
+                s.target = need
+                self.backend.start_transfer(s, need - local)
+            else:
+                s.state = "prefilling"
+                s.prefilled = 0
+                r.pending_prefill -= local
+
+    def transfer_done(self, s: SimRequest) -> None:
+        s.computed = s.target
+        s.state = "ready"
+        self.ranks[s.rank].ready.append(s)
+        self.wake()
+
+    def _join_decode(self, r: Rank, s: SimRequest, generated: int) -> None:
+        s.state = "decoding"
+        s.generated = generated
+        s.clock0 = r.decode_clock
+        r.decode_n += 1
+        r.decode_ctx += s.kv_held
+        if generated == 0:
+            r.first_token_due.append(s)
+        heapq.heappush(r.finish_heap, (r.decode_clock + s.request.output_tokens - generated, s.admit_seq, s))
+
+    # --- memory pressure ----------------------------------------------------------------------
+    def _preempt(self, r: Rank, s: SimRequest) -> None:
+        dropped = r.held(s)
+        if s.state == "decoding":
+            s.generated = r.generated(s)
+            r.decode_n -= 1
+            r.decode_ctx -= dropped
+            if s in r.first_token_due:
+                r.first_token_due.remove(s)
+        elif s.state == "ready":
+            r.ready.remove(s)
+        extra = 0
+        if s.state == "prefilling":
+            extra = s.prefilled
+            r.pending_prefill -= s.target - s.computed
+        r.kv_used -= dropped
+        del r.running[s.admit_seq]
+        s.kv_held = 0
+        s.state = "waiting"
+        s.recompute = True
+        s.started_prefill = True
+        s.target = s.request.prompt_tokens + s.generated
+        s.computed = 0
+        s.prefilled = 0
+        r.pending_prefill += s.target
+        r.waiting.appendleft(s)
+        self.backend.emit(EventKind.PREEMPTED, s, self.id, tokens=dropped, extra_tokens=extra)
+
+    def _reserve_decode_slots(self, r: Rank) -> None:
+        while r.decode_n and not r.evict_until(r.decode_n):
+            victim = next(x for x in reversed(r.running.values()) if x.state != "transferring")
+            if victim.state == "decoding" and r.held(victim) + 1 > r.capacity:
+                raise ValueError(f"trajectory {victim.trajectory_id}: its context alone exceeds the KV "
+                                 f"memory of a rank of engine {self.id} ({r.capacity} tokens)")
+            self._preempt(r, victim)
+
+    # --- stepping -----------------------------------------------------------------------------
+    def _step(self) -> None:
+        self._pending_wake = False
+        if self._busy:
+            return
+        loop = self.backend.loop
+        for r in self.ranks:
+            self._admit(r)
+            for s in r.ready:
+                self._join_decode(r, s, generated=0)
+                self.backend.emit(EventKind.DECODE_START, s, self.id)
+            r.ready.clear()
+            self._reserve_decode_slots(r)
+        steps = self._span_steps()
+        if steps >= 2:
+            self._start_span(steps)
+            return
+        batches, chunks = [], []
+        for r in self.ranks:
+            b = RankBatch(decode_seqs=r.decode_n, decode_ctx=r.decode_ctx, requests=r.decode_n)
+            budget = self.cfg.max_num_batched_tokens - r.decode_n
+            rank_chunks = []
+            for s in r.running.values():
+                if budget <= 0:
+                    break
+                if s.state != "prefilling":
+                    continue
+                c = min(s.target - s.computed, budget)
+                budget -= c
+                p = s.computed
+                b.prefill_tokens += c
+                b.prefill_attn_ctx += c * (p + (c - 1) / 2)
+                b.prefill_kv_read += p + c
+                b.requests += 1
+                rank_chunks.append((s, c))
+                if not s.started_prefill:
+                    s.started_prefill = True
+                    self.backend.emit(EventKind.PREFILL_START, s, self.id, tokens=s.computed)
+            batches.append(b)
+            chunks.append(rank_chunks)
+        if not any(b.tokens for b in batches):
+            self.backend.engine_went_idle(self)  # nothing runnable: wait for an arrival or a transfer
+            return
+        if all(b.prefill_tokens == 0 for b in batches):
+            dt = float(self.cost.decode_step_times(
+                np.array([r.decode_n for r in self.ranks]), np.array([r.decode_ctx for r in self.ranks]), 1)[0])
+        else:
+            dt = self.cost.step_time(batches)
+        for r in self.ranks:  # decode tokens get their KV slot when the step is scheduled
+            r.kv_used += r.decode_n
+        self._busy = True
+        self.busy_s += dt
+        self._version += 1
+        version = self._version
+        loop.at(loop.now + dt, lambda: self._end_step(version, chunks))
+
+    def _span_steps(self) -> int:
+        """Decode steps that nothing inside this engine can interrupt (0: take one ordinary step)."""
+        if not self.cfg.fast_forward:
+            return 0
+        steps = None
+        for r in self.ranks:
+            if r.first_token_due or any(s.state == "prefilling" for s in r.running.values()):
+                return 0
+            if r.waiting and len(r.running) < self.cfg.max_num_seqs:
+                return 0  # the head is blocked only by memory, which a span never frees
+            if r.decode_n:
+                while not self._live(r, r.finish_heap[0]):
+                    heapq.heappop(r.finish_heap)  # drop stale entries of preempted requests
+                k = min(r.finish_heap[0][0] - r.decode_clock, (r.free + r.cache_tokens) // r.decode_n)
+                steps = k if steps is None else min(steps, k)
+        return steps or 0
+
+    def _start_span(self, steps: int) -> None:
+        seqs = np.array([r.decode_n for r in self.ranks])
+        ctx = np.array([r.decode_ctx for r in self.ranks])
+        times = self.cost.decode_step_times(seqs, ctx, steps)
+        now = self.backend.loop.now
+        self._span = np.cumsum(np.concatenate(([now], times)))[1:]
+        self._span_start = now
+        self._busy = True
+        self._version += 1
+        version = self._version
+        self.backend.loop.at(float(self._span[-1]), lambda: self._end_span(version))
+
+    def _end_span(self, version: int) -> None:
+        if version != self._version:
+            return
+        steps = len(self._span)
+        self.busy_s += float(self._span[-1]) - self._span_start
+        self._span = None
+        for r in self.ranks:
+            if not r.decode_n:
+                continue
+            r.decode_clock += steps
+            r.decode_ctx += steps * r.decode_n
+            r.kv_used += steps * r.decode_n
+            r.evict_until(0)
+            self._finish_decodes(r)
+        self._busy = False
+        self._step()
+
+    def _end_step(self, version: int, chunks: list) -> None:
+        if version != self._version:
+            return
+        emit = self.backend.emit
+        for r, rank_chunks in zip(self.ranks, chunks):
+            if r.decode_n:
+                r.decode_clock += 1
+                r.decode_ctx += r.decode_n
+                for s in r.first_token_due:
+                    emit(EventKind.FIRST_TOKEN, s, self.id)
+                r.first_token_due.clear()
+                self._finish_decodes(r)
+            for s, c in rank_chunks:
+                if s.state != "prefilling":
+                    continue  # preempted since
+                s.computed += c
+                s.prefilled += c
+                r.pending_prefill -= c
+                if s.computed == s.target:
+                    self._prefill_done(r, s)
+        self._busy = False
+        self._step()
+
+    def _prefill_done(self, r: Rank, s: SimRequest) -> None:
+        emit = self.backend.emit
+        emit(EventKind.PREFILL_END, s, self.id, tokens=s.prefilled)
+        if s.kind == PREFILL:
+            del r.running[s.admit_seq]
+            r.kv_used -= s.kv_held
+            r.cache_put(s.trajectory_id, s.kv_held)
+            s.kv_held = 0
+            self.backend.prefill_handoff(s)
+            return
+        generated = s.generated + 1          # the prefill step samples a token
+        if s.generated == 0:
+            emit(EventKind.FIRST_TOKEN, s, self.id)
+            if s.kind == FULL:
+                emit(EventKind.DECODE_START, s, self.id)
+        self._join_decode(r, s, generated)
+        if generated >= s.request.output_tokens:
+            self._finish_decodes(r)
+
+    def _finish_decodes(self, r: Rank) -> None:
+        heap = r.finish_heap
+        while heap and heap[0][0] <= r.decode_clock:
+            entry = heapq.heappop(heap)
+            if not self._live(r, entry):
+                continue  # stale entry of a preempted request
+            _, seq, s = entry
+            held = r.held(s)
+            r.decode_n -= 1
+            r.decode_ctx -= held
+            r.kv_used -= held
+            del r.running[seq]
+            s.state = "done"
+            r.cache_put(s.trajectory_id, held)
+            self.backend.emit(EventKind.DECODE_END, s, self.id, tokens=s.request.output_tokens)
+
+    @staticmethod
+    def _live(r: Rank, entry: tuple) -> bool:
+        _, seq, s = entry
+        return s.state == "decoding" and r.running.get(seq) is s

@@ -1,0 +1,81 @@
+"""A simple synthetic multi-turn agent workload, for tests and the default experiment.
+
+Every length is lognormal with a configured median and sigma; a per-prompt difficulty factor
+(lognormal, `group_sigma`) scales the turn count and the output lengths of all samples of one
+prompt, so a GRPO group is correlated as in real rollouts. `drift_per_step` multiplies output
+lengths by (1 + drift)^step, so later RL steps decode more (as responses grow over training).
+The numbers are illustrative, not a published workload (the real families are in their own modules).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.trajectory import TrajectoryScript, TurnScript
+from workloads.base import lognormal, step_rng
+
+
+@dataclass
+class SyntheticWorkload:
+    name: str = "synthetic"
+    family: str = "synthetic"
+    seed: int = 0
+    batch_size: int = 16
+    group_size: int = 8
+    turns_median: float = 6.0
+    turns_sigma: float = 0.5
+    max_turns: int = 20
+    prompt_median: float = 1500.0
+    prompt_sigma: float = 0.3
+    output_median: float = 300.0
+    output_sigma: float = 0.6
+    tool_output_median: float = 800.0
+    tool_output_sigma: float = 0.8
+    tool_latency_median_s: float = 2.0
+    tool_latency_sigma: float = 1.0
+    group_sigma: float = 0.3
+    context_cap: int = 32768
+    max_output_tokens: int = 4096
+    drift_per_step: float = 0.0
+
+    def __post_init__(self):
+        for key in ("batch_size", "group_size", "max_turns", "context_cap", "max_output_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"workload.{key}={getattr(self, key)} is invalid; allowed: an integer >= 1")
+        for key in ("turns_median", "prompt_median", "output_median", "tool_output_median",
+                    "tool_latency_median_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"workload.{key}={getattr(self, key)} is invalid; allowed: a number > 0")
+
+    def batch(self, step: int) -> list[TrajectoryScript]:
+        rng = step_rng(self.seed, step)
+        growth = (1 + self.drift_per_step) ** step
+        out = []
+        n = self.batch_size * self.group_size
+        for g in range(self.batch_size):
+            difficulty = float(lognormal(rng, 1.0, self.group_sigma))
+            prompt = max(1, int(lognormal(rng, self.prompt_median, self.prompt_sigma)))
+            for i in range(self.group_size):
+                turns = int(np.clip(round(lognormal(rng, self.turns_median * difficulty, self.turns_sigma)),
+                                    1, self.max_turns))
+                out.append(self._trajectory(rng, step * n + g * self.group_size + i, step * self.batch_size + g,
+                                            step, prompt, turns, difficulty * growth))
+        return out
+
+    def _trajectory(self, rng, tid, gid, step, prompt, turns, scale) -> TrajectoryScript:
+        outs = np.maximum(1, lognormal(rng, self.output_median * scale, self.output_sigma, turns).astype(int))
+        outs = np.minimum(outs, self.max_output_tokens)
+        tools = np.maximum(0, lognormal(rng, self.tool_output_median, self.tool_output_sigma, turns).astype(int))
+        lat = lognormal(rng, self.tool_latency_median_s, self.tool_latency_sigma, turns)
+        script, context = [], 0
+        for k in range(turns):
+            new = prompt if k == 0 else int(tools[k - 1])
+            if context + new + outs[k] > self.context_cap:
+                break  # the context cap ends the trajectory, as agent frameworks do
+            script.append(TurnScript(new_tokens=new, output_tokens=int(outs[k]), tool_latency_s=float(lat[k])))
+            context += new + int(outs[k])
+        if not script:  # the prompt alone is at the cap: one turn with a truncated prompt
+            script.append(TurnScript(new_tokens=min(prompt, self.context_cap - 1), output_tokens=1))
+        return TrajectoryScript(trajectory_id=tid, group_id=gid, family=self.family, turns=tuple(script),
+                                max_output_tokens=self.max_output_tokens, step=step)

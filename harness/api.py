@@ -103,6 +103,8 @@ class EngineState:
     decoding_requests: int
     kv_used_tokens: int
     kv_capacity_tokens: int
+    queued_kv_tokens: int = 0          # prompt tokens of legs assigned here but not yet admitted
+    inbound_requests: int = 0          # decode legs routed here whose prefill is still running
     target_role: Role | None = None    # set while a role switch is in progress
 
 

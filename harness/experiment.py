@@ -1,27 +1,37 @@
 """One run: build workload, policy, backend and driver from a resolved config; write the result files.
 
 Every run writes, next to Hydra's `.hydra/config.yaml`: lifecycle.parquet (one row per turn),
-engines.parquet (each engine's role over time and its utilisation) and summary.json. Files are
-written to a temporary name and renamed, so a crash never leaves a half-written result; summary.json
-is written last and marks the run complete.
+engines.parquet (each engine's role over time and its utilisation), timeseries.parquet (cluster state
+every `sample_interval_s`) and summary.json. Files are written to a temporary name and renamed, so a
+crash never leaves a half-written result; summary.json is written last and marks the run complete.
+A run that raised leaves error.json instead (its config, error and traceback), for the report and
+for the end-of-sweep check (harness/sweep.py).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+import traceback
 from pathlib import Path
 
 import pandas as pd
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.cluster import ClusterConfig, cluster_from_config
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
+from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
+from harness.wandb_logger import make_logger
 
 SUMMARY = "summary.json"
+ERROR = "error.json"
+# Keys that cannot change a run's results: a rerun with other values still finds the run complete.
+NON_RESULT_KEYS = ("logger", "progress_interval_s")
 
 
 def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
@@ -32,22 +42,86 @@ def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
     raise ValueError(f"backend.name={name!r} is not available; allowed: sim")
 
 
-def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike) -> dict:
+def config_hash(cfg: DictConfig) -> str:
+    """Identifies what a run computed, so a rerun of a sweep can tell a complete job from a changed one."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for key in NON_RESULT_KEYS:
+        c.pop(key, None)
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def is_complete(out_dir: str | os.PathLike, cfg: DictConfig) -> bool:
+    path = Path(out_dir) / SUMMARY
+    return path.exists() and json.loads(path.read_text()).get("config_hash") == config_hash(cfg)
+
+
+def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = "run",
+                   group: str | None = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # Everything is validated before anything is simulated.
+    (out / ERROR).unlink(missing_ok=True)   # a new attempt replaces an old failure
+    # Everything is validated before anything is simulated or logged.
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = instantiate(cfg.policy)
     roles = policy.initial_roles(cluster.num_engines)
     backend = build_backend(cfg, cluster, roles)
-    wall0 = time.perf_counter()
-    result = RolloutDriver(workload, policy, backend, mode).run()
-    wall = time.perf_counter() - wall0
-    summary = summarize(cfg, cluster, mode, result, backend, wall, policy.name, workload.name)
-    write_results(out, result, backend.engine_timeline(), summary)
+    driver = RolloutDriver(workload, policy, backend, mode)
+    sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
+    logger = make_logger(OmegaConf.to_container(cfg.logger, resolve=True), OmegaConf.to_container(cfg, resolve=True),
+                         out, run_name, group)
+    sampler.listeners += [logger.log_sample, ProgressPrinter(run_name, float(cfg.progress_interval_s))]
+    failed = True
+    try:
+        sampler.start()
+        wall0 = time.perf_counter()
+        result = driver.run()
+        wall = time.perf_counter() - wall0
+        summary = summarize(cfg, cluster, mode, result, backend, wall, policy.name, workload.name)
+        summary["config_hash"] = config_hash(cfg)
+        timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
+        write_results(out, result, timeline, sampler.frame())
+        logger.log_results(out, summary)
+        failed = False
+    finally:
+        logger.finish(failed)
+    _atomic(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
     return summary
+
+
+def clip_timeline(rows: list[dict], end: float) -> list[dict]:
+    """The engine timeline covers the rollout: the sampler's (or a control) tick after the last
+    trajectory ends moves the clock past the end, and that idle tail is not part of the rollout."""
+    clipped = []
+    for r in rows:
+        if r["t_start"] >= end:
+            continue
+        if r["t_end"] > end:
+            r = {**r, "t_end": end, "utilisation": r["busy_s"] / (end - r["t_start"])}
+        clipped.append(r)
+    return clipped
+
+
+def error_message(exc: BaseException) -> str:
+    """One line naming the bad key: harness validation errors already do; Hydra wraps those raised
+    while instantiating a `_target_` in an InstantiationException, so the cause is shown instead."""
+    if isinstance(exc, InstantiationException) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().replace("\n", " ")
+    return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
+
+
+def record_failure(out_dir: str | os.PathLike, cfg: DictConfig, overrides: list[str], exc: BaseException) -> str:
+    """Writes error.json (job overrides, error, traceback, config) and returns the one-line message."""
+    message = error_message(exc)
+    record = {"overrides": overrides, "error": type(exc).__name__, "message": message,
+              "traceback": "".join(traceback.format_exception(exc)),
+              "config": OmegaConf.to_container(cfg, resolve=False)}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / ERROR, lambda p: p.write_text(json.dumps(record, indent=2, default=str) + "\n"))
+    return message
 
 
 def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
@@ -86,9 +160,9 @@ def _atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def write_results(out: Path, result: RolloutResult, timeline: list[dict], summary: dict) -> None:
+def write_results(out: Path, result: RolloutResult, timeline: list[dict], timeseries: pd.DataFrame) -> None:
     _atomic(out / "lifecycle.parquet", lambda p: lifecycle_frame(result).to_parquet(p, index=False))
     _atomic(out / "engines.parquet", lambda p: pd.DataFrame(
         timeline, columns=["engine_id", "t_start", "t_end", "role", "state", "busy_s", "utilisation"]
     ).to_parquet(p, index=False))
-    _atomic(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
+    _atomic(out / "timeseries.parquet", lambda p: timeseries.to_parquet(p, index=False))

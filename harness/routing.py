@@ -26,11 +26,14 @@ class PrefixTracker:
 
 
 def prefill_load(e: EngineState) -> tuple:
-    return (e.waiting_prefill_tokens, e.running_requests, e.engine_id)
+    """Prefill work queued or running (tokens), then requests."""
+    return (e.waiting_prefill_tokens, e.running_requests + e.waiting_requests, e.engine_id)
 
 
 def decode_load(e: EngineState) -> tuple:
-    return (e.kv_used_tokens / max(e.kv_capacity_tokens, 1), e.running_requests, e.engine_id)
+    """KV memory in use or promised to assigned legs, as a fraction of capacity, then requests."""
+    return ((e.kv_used_tokens + e.queued_kv_tokens) / max(e.kv_capacity_tokens, 1),
+            e.running_requests + e.waiting_requests + e.inbound_requests, e.engine_id)
 
 
 def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineState | None:

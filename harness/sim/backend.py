@@ -33,6 +33,7 @@ class SimBackend:
         self.engines = [SimEngine(i, role, self, cfg) for i, role in enumerate(roles)]
         self._nic_free = [0.0] * len(self.engines)
         self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
+        self._inbound_tokens = [0] * len(self.engines)
         self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency
         self._on_event: Callable[[LifecycleEvent], None] = lambda e: None
         self._on_returned: Callable[[TurnRequest], None] = lambda r: None
@@ -52,6 +53,7 @@ class SimBackend:
     def submit(self, request: TurnRequest, route: Route) -> None:
         if route.disaggregated:
             self._inbound[route.decode_engine] += 1
+            self._inbound_tokens[route.decode_engine] += request.prompt_tokens
             leg = SimRequest(request, route, PREFILL, target=request.prompt_tokens)
         else:
             leg = SimRequest(request, route, FULL, target=request.prompt_tokens)
@@ -69,21 +71,27 @@ class SimBackend:
         for leg in e.take_waiting():
             if leg.route.disaggregated:
                 self._inbound[leg.route.decode_engine] -= 1
+                self._inbound_tokens[leg.route.decode_engine] -= leg.request.prompt_tokens
             self._on_returned(leg.request)
         self._maybe_switch(e)
 
     def view(self) -> ClusterView:
         states = []
         for e in self.engines:
-            rs = e.ranks
+            waiting = pending = running = decoding = used = queued = 0
+            for r in e.ranks:
+                waiting += len(r.waiting)
+                pending += r.pending_prefill
+                running += len(r.running)
+                decoding += r.decode_n
+                used += r.kv_used
+                queued += r.waiting_kv
             states.append(EngineState(
                 engine_id=e.id, role=e.role, available=e.available, gpus=self.cluster.gpus_per_engine,
-                waiting_requests=sum(len(r.waiting) for r in rs),
-                waiting_prefill_tokens=sum(r.pending_prefill for r in rs),
-                running_requests=sum(len(r.running) for r in rs),
-                decoding_requests=sum(r.decode_n for r in rs),
-                kv_used_tokens=sum(r.kv_used for r in rs),
-                kv_capacity_tokens=e.kv_capacity_tokens, target_role=e.target_role))
+                waiting_requests=waiting, waiting_prefill_tokens=pending, running_requests=running,
+                decoding_requests=decoding, kv_used_tokens=used, kv_capacity_tokens=e.kv_capacity_tokens,
+                target_role=e.target_role, queued_kv_tokens=queued + self._inbound_tokens[e.id],
+                inbound_requests=self._inbound[e.id]))
         return ClusterView(now=self.loop.now, engines=states)
 
     def run(self) -> None:
@@ -116,6 +124,7 @@ class SimBackend:
         """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV)."""
         d = s.route.decode_engine
         self._inbound[d] -= 1
+        self._inbound_tokens[d] -= s.request.prompt_tokens
         self.engines[d].enqueue(SimRequest(s.request, s.route, DECODE, target=s.request.prompt_tokens))
 
     def start_transfer(self, s: SimRequest, tokens: int) -> None:

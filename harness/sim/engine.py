@@ -65,6 +65,7 @@ class Rank:
     first_token_due: list = field(default_factory=list)
     ready: list = field(default_factory=list)        # KV arrived, joins the batch next step
     pending_prefill: int = 0        # tokens still to prefill, waiting and running requests
+    waiting_kv: int = 0             # prompt tokens of the waiting requests
 
     @property
     def free(self) -> int:
@@ -133,7 +134,7 @@ class SimEngine:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return sum(r.capacity for r in self.ranks)
+        return self.ranks[0].capacity * len(self.ranks)
 
     # --- intake -------------------------------------------------------------------------------
     def enqueue(self, s: SimRequest) -> None:
@@ -156,6 +157,7 @@ class SimEngine:
                 "context cap or give the engines more memory")
         rank = self.ranks[best]
         rank.waiting.append(s)
+        rank.waiting_kv += need
         if s.kind != DECODE:
             rank.pending_prefill += s.target
         self.wake()
@@ -184,6 +186,7 @@ class SimEngine:
                 if s.kind != DECODE and not s.recompute:
                     out.append(s)
                     r.pending_prefill -= s.target
+                    r.waiting_kv -= s.target
                 else:
                     keep.append(s)
             r.waiting = keep
@@ -213,6 +216,7 @@ class SimEngine:
                     r.cache_tokens += hit
                 return
             r.waiting.popleft()
+            r.waiting_kv -= need
             self._admit_counter += 1
             s.admit_seq = self._admit_counter
             s.kv_held = need
@@ -246,11 +250,15 @@ class SimEngine:
 
     # --- memory pressure ----------------------------------------------------------------------
     def _preempt(self, r: Rank, s: SimRequest) -> None:
-        dropped = r.held(s)
+        held = r.held(s)                    # KV reserved on the rank
+        dropped = s.computed if s.state == "prefilling" else held   # KV actually computed
+        # Recomputed: tokens the recompute will prefill that were computed or sampled before (when
+        # decoding, the last sampled token has no KV yet and is prefilled with the others, as vLLM does).
+        recomputed = dropped + (1 if s.state == "decoding" else 0)
         if s.state == "decoding":
             s.generated = r.generated(s)
             r.decode_n -= 1
-            r.decode_ctx -= dropped
+            r.decode_ctx -= held
             if s in r.first_token_due:
                 r.first_token_due.remove(s)
         elif s.state == "ready":
@@ -259,7 +267,7 @@ class SimEngine:
         if s.state == "prefilling":
             extra = s.prefilled
             r.pending_prefill -= s.target - s.computed
-        r.kv_used -= dropped
+        r.kv_used -= held
         del r.running[s.admit_seq]
         s.kv_held = 0
         s.state = "waiting"
@@ -269,8 +277,9 @@ class SimEngine:
         s.computed = 0
         s.prefilled = 0
         r.pending_prefill += s.target
+        r.waiting_kv += s.target
         r.waiting.appendleft(s)
-        self.backend.emit(EventKind.PREEMPTED, s, self.id, tokens=dropped, extra_tokens=extra)
+        self.backend.emit(EventKind.PREEMPTED, s, self.id, tokens=recomputed, extra_tokens=extra)
 
     def _reserve_decode_slots(self, r: Rank) -> None:
         while r.decode_n and not r.evict_until(r.decode_n):
@@ -287,12 +296,18 @@ class SimEngine:
             return
         loop = self.backend.loop
         for r in self.ranks:
-            self._admit(r)
             for s in r.ready:
+                # The first decode step re-feeds the last prompt token (its KV is recomputed on the
+                # decode side, as vLLM's connectors do), so the context grows from prompt - 1.
+                s.kv_held -= 1
+                r.kv_used -= 1
                 self._join_decode(r, s, generated=0)
                 self.backend.emit(EventKind.DECODE_START, s, self.id)
             r.ready.clear()
+            # As vLLM's scheduler: running requests get their decode slot first, then new ones are admitted.
             self._reserve_decode_slots(r)
+            r.kv_used += r.decode_n
+            self._admit(r)
         steps = self._span_steps()
         if steps >= 2:
             self._start_span(steps)
@@ -328,8 +343,6 @@ class SimEngine:
                 np.array([r.decode_n for r in self.ranks]), np.array([r.decode_ctx for r in self.ranks]), 1)[0])
         else:
             dt = self.cost.step_time(batches)
-        for r in self.ranks:  # decode tokens get their KV slot when the step is scheduled
-            r.kv_used += r.decode_n
         self._busy = True
         self.busy_s += dt
         self._version += 1
@@ -349,7 +362,8 @@ class SimEngine:
             if r.decode_n:
                 while not self._live(r, r.finish_heap[0]):
                     heapq.heappop(r.finish_heap)  # drop stale entries of preempted requests
-                k = min(r.finish_heap[0][0] - r.decode_clock, (r.free + r.cache_tokens) // r.decode_n)
+                # this step's slots are reserved; later steps may use free memory and the cache
+                k = min(r.finish_heap[0][0] - r.decode_clock, 1 + (r.free + r.cache_tokens) // r.decode_n)
                 steps = k if steps is None else min(steps, k)
         return steps or 0
 
@@ -376,7 +390,7 @@ class SimEngine:
                 continue
             r.decode_clock += steps
             r.decode_ctx += steps * r.decode_n
-            r.kv_used += steps * r.decode_n
+            r.kv_used += (steps - 1) * r.decode_n
             r.evict_until(0)
             self._finish_decodes(r)
         self._busy = False

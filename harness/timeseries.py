@@ -1,0 +1,109 @@
+"""Cluster state over simulated (or wall) time, sampled from the backend while a rollout runs.
+
+Why: the lifecycle log says what each turn did, but not how much prefill and decode work was waiting
+at each moment or how many engines each role had; the demand-vs-allocation figures and the W&B time
+series need exactly that. The sampler reads only `backend.view()` (what a real system can observe)
+on the backend's own clock, so it runs unchanged on real engines.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import pandas as pd
+
+from harness.api import Backend, Role
+from harness.rollout import RolloutDriver
+
+
+@dataclass(frozen=True)
+class Sample:
+    t_s: float
+    prefill_demand_tokens: int      # prompt tokens waiting to be prefilled, all engines
+    decode_requests: int            # requests in their decode phase, all engines
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    waiting_requests: int           # queue length: legs admitted to no batch yet
+    running_requests: int
+    engines_prefill: int            # available engines per role; switching ones counted apart
+    engines_decode: int
+    engines_colocated: int
+    engines_switching: int          # unavailable: switching roles (or failed)
+    completed_trajectories: int
+    total_trajectories: int
+
+
+COLUMNS = list(Sample.__dataclass_fields__)
+
+
+@dataclass
+class ClusterSampler:
+    """Samples the cluster every `interval_s` of backend time until the driver has finished.
+
+    Listeners get every sample as it is taken (W&B logging, progress on the terminal).
+    """
+
+    backend: Backend
+    driver: RolloutDriver
+    interval_s: float
+    listeners: list[Callable[[Sample], None]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ValueError(f"sample_interval_s={self.interval_s} is invalid; allowed: > 0")
+
+    def start(self) -> None:
+        self.backend.call_later(0.0, self._tick)
+
+    def _tick(self) -> None:
+        sample = self._sample()
+        self.samples.append(sample)
+        for listener in self.listeners:
+            listener(sample)
+        if self.driver.completed < self.driver.total:
+            self.backend.call_later(self.interval_s, self._tick)
+
+    def _sample(self) -> Sample:
+        view = self.backend.view()
+        serving = [e for e in view.engines if e.available]
+        return Sample(
+            t_s=view.now,
+            prefill_demand_tokens=sum(e.waiting_prefill_tokens for e in view.engines),
+            decode_requests=sum(e.decoding_requests for e in view.engines),
+            kv_used_tokens=sum(e.kv_used_tokens for e in view.engines),
+            kv_capacity_tokens=sum(e.kv_capacity_tokens for e in view.engines),
+            waiting_requests=sum(e.waiting_requests for e in view.engines),
+            running_requests=sum(e.running_requests for e in view.engines),
+            engines_prefill=sum(e.role == Role.PREFILL for e in serving),
+            engines_decode=sum(e.role == Role.DECODE for e in serving),
+            engines_colocated=sum(e.role == Role.COLOCATED for e in serving),
+            engines_switching=len(view.engines) - len(serving),
+            completed_trajectories=self.driver.completed,
+            total_trajectories=self.driver.total)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(s) for s in self.samples], columns=COLUMNS)
+
+
+@dataclass
+class ProgressPrinter:
+    """Prints simulated time and trajectories done at most every `interval_s` of wall time.
+
+    A listener of the sampler: it runs on the backend clock and looks at the wall clock, so a fast
+    simulation prints nothing and a long one reports steadily.
+    """
+
+    label: str
+    interval_s: float
+    _last: float = field(default_factory=time.perf_counter)
+    _start: float = field(default_factory=time.perf_counter)
+
+    def __call__(self, s: Sample) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.interval_s:
+            return
+        self._last = now
+        print(f"[{self.label}] simulated {s.t_s:,.1f} s, trajectories {s.completed_trajectories}/"
+              f"{s.total_trajectories}, wall {now - self._start:,.1f} s", flush=True)

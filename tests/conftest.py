@@ -1,0 +1,40 @@
+"""Shared helpers: compose the real Hydra config and run the real driver on the simulator."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from harness.cluster import cluster_from_config
+from harness.experiment import build_backend, lifecycle_frame
+from harness.rollout import ModeConfig, RolloutDriver
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+
+
+def load_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose(config_name="config", overrides=["logger=none", *overrides])
+
+
+def simulate(overrides: list[str], policy=None, keep_events: bool = False):
+    """Run one rollout in-process; returns (driver result, lifecycle frame, backend)."""
+    cfg = load_config(overrides)
+    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    workload = instantiate(cfg.workload, seed=cfg.seed)
+    policy = policy or instantiate(cfg.policy)
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster.num_engines))
+    result = RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run()
+    return result, lifecycle_frame(result), backend
+
+
+SMALL = ["workload=synthetic", "workload.batch_size=6", "workload.group_size=4", "mode.num_steps=2"]
+
+
+@pytest.fixture
+def small():
+    return list(SMALL)

@@ -1,0 +1,125 @@
+"""Known answers computed by hand, and the effects the model must show (issue: 'effects')."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from baselines.colocate import Colocate
+from harness.api import Role, Route
+from harness.routing import decode_load, pick, prefill_load
+from tests.conftest import simulate
+
+ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns_median=1",
+            "workload.turns_sigma=0", "workload.group_sigma=0", "workload.prompt_median=1000",
+            "workload.prompt_sigma=0", "workload.output_median=5", "workload.output_sigma=0"]
+
+# Qwen3-32B on H100, TP4 (configs/catalogue, cluster dense_h100), by hand:
+L, HIDDEN, HEADS, D = 64, 5120, 64, 128
+P_GEMM = 32.8e9 - 151936 * 5120
+KV_GPU = 2 * 64 * 8 * 128 * 2 / 4             # KV bytes per token per GPU, 8 KV heads over TP4
+PEAK, HBM, NVLINK = 989e12, 3.35e12, 450e9
+
+
+def tp4_comm(tokens):
+    return 2 * L * (20e-6 + 2 * 3 / 4 * tokens * HIDDEN * 2 / NVLINK)
+
+
+def prefill_step(n):
+    compute = 2 * P_GEMM * n / (4 * PEAK * 0.74) + 4 * L * HEADS * D * n * (n - 1) / 2 / (4 * PEAK * 0.45)
+    memory = (P_GEMM * 2 / 4 + KV_GPU * n) / (HBM * 0.8)
+    return max(compute, memory) + tp4_comm(n) + 126e-6 + 4e-6 + 32e-6 * L
+
+
+def decode_step(ctx):
+    compute = 2 * P_GEMM / (4 * PEAK * 0.74) + 4 * L * HEADS * D * ctx / (4 * PEAK * 0.45)
+    memory = (P_GEMM * 2 / 4 + KV_GPU * ctx) / (HBM * 0.8)
+    return max(compute, memory) + tp4_comm(1) + 126e-6 + 4e-6
+
+
+def test_one_turn_colocated_known_answer():
+    _, df, _ = simulate(ONE_TURN + ["policy=colocate"])
+    row = df.iloc[0]
+    assert row.prompt_tokens == 1000 and row.output_tokens == 5
+    t_prefill = prefill_step(1000)
+    assert row.t_prefill_end == pytest.approx(t_prefill, rel=1e-9)
+    assert row.t_first_token == pytest.approx(t_prefill, rel=1e-9)       # the prefill step samples token 1
+    # tokens 2..5: four decode steps over contexts 1000..1003
+    expected_end = t_prefill + sum(decode_step(1000 + j) for j in range(4))
+    assert row.t_decode_end == pytest.approx(expected_end, rel=1e-9)
+
+
+def test_one_turn_disaggregated_known_answer():
+    _, df, _ = simulate(ONE_TURN + ["policy=fixed_pd"])
+    row = df.iloc[0]
+    t_prefill = prefill_step(1000)
+    # KV moves over the 4 NICs of an engine: setup 1 ms + bytes / (4 * 50 GB/s * 0.85).
+    t_transfer = 1e-3 + 1000 * 2 * 64 * 8 * 128 * 2 / (4 * 50e9 * 0.85)
+    assert row.transferred_tokens == 1000
+    assert row.t_transfer_end == pytest.approx(t_prefill + t_transfer, rel=1e-9)
+    # The decode side re-feeds the last prompt token: five decode steps over contexts 999..1003.
+    expected_end = row.t_transfer_end + sum(decode_step(999 + j) for j in range(5))
+    assert row.t_decode_end == pytest.approx(expected_end, rel=1e-9)
+
+
+# Effect 3: on heavy prefill PD finishes trajectories sooner; with decode KV memory the bottleneck it loses.
+BASE = ["workload.batch_size=4", "workload.group_size=8", "mode.num_steps=1"]
+HEAVY_PREFILL = ["cluster=moe_h200", "workload.tool_output_median=6000", "workload.output_median=100",
+                 "workload.tool_latency_median_s=0.5", "workload.context_cap=60000"]
+DECODE_MEMORY = ["cluster=dense_h100", "cluster.memory_fraction=0.45", "workload.prompt_median=20000",
+                 "workload.prompt_sigma=0.1", "workload.tool_output_median=100", "workload.output_median=1000",
+                 "workload.tool_latency_median_s=1", "workload.context_cap=32000"]
+
+
+def mean_completion(df: pd.DataFrame) -> float:
+    g = df.groupby("trajectory_id")
+    return float((g.t_decode_end.max() - g.t_ready.min()).mean())
+
+
+def test_pd_wins_on_heavy_prefill():
+    r_co, df_co, _ = simulate(BASE + HEAVY_PREFILL + ["policy=colocate"])
+    r_pd, df_pd, _ = simulate(BASE + HEAVY_PREFILL + ["policy=fixed_pd", "policy.num_prefill=4"])
+    assert mean_completion(df_pd) < 0.9 * mean_completion(df_co)
+    assert r_pd.rollout_time_s < r_co.rollout_time_s
+
+
+def test_pd_loses_when_decode_kv_memory_is_the_bottleneck():
+    r_co, df_co, _ = simulate(BASE + DECODE_MEMORY + ["policy=colocate"])
+    r_pd, df_pd, _ = simulate(BASE + DECODE_MEMORY + ["policy=fixed_pd", "policy.num_prefill=6"])
+    assert r_pd.rollout_time_s > 1.3 * r_co.rollout_time_s
+    assert mean_completion(df_pd) > mean_completion(df_co)
+
+
+class SwitchOnce(Colocate):
+    """Colocated, then at t >= 3 s engine 0 becomes a prefill engine and engine 1 a decode engine."""
+
+    name = "switch_once"
+    control_interval_s = 1.0
+
+    def plan(self, view):
+        return {0: Role.PREFILL, 1: Role.DECODE} if view.now >= 3.0 else None
+
+    def route(self, request, view):
+        p = pick(view.with_role(Role.PREFILL), self.prefix.prefill_engine.get(request.trajectory_id), prefill_load)
+        d = pick(view.with_role(Role.DECODE), self.prefix.decode_engine.get(request.trajectory_id), decode_load)
+        if p and d:
+            return Route(p.engine_id, d.engine_id)
+        return super().route(request, view)
+
+
+def test_role_switch_drains_waits_and_loses_nothing(small):
+    from tests.test_sim_invariants import check_invariants
+    result, df, backend = simulate(small + ["cluster.num_engines=3"], policy=SwitchOnce())
+    check_invariants(result, df)
+    assert result.num_role_switches == 2
+    tl = pd.DataFrame(backend.engine_timeline())
+    e0 = tl[tl.engine_id == 0].reset_index(drop=True)
+    assert list(e0.state) == ["serving", "draining", "switching", "serving"]
+    assert list(e0.role) == ["colocated", "colocated", "colocated", "prefill"]
+    assert e0.t_start[1] == pytest.approx(3.0)
+    assert e0.t_end[2] - e0.t_start[2] == pytest.approx(6.0)        # cluster.switch_time_s
+    # Nothing ran on engine 0 while it switched; after it, it only prefills for other decoders.
+    switching = e0.iloc[2]
+    assert switching.busy_s == 0
+    later = df[df.t_prefill_start >= switching.t_end]
+    assert len(later[later.engine_prefill == 0]) > 0
+    assert (later[later.engine_prefill == 0].engine_decode != 0).all()
+    assert (df[df.t_ready >= switching.t_end].engine_decode != 0).all()

@@ -9,7 +9,8 @@ from tests.conftest import simulate
 
 POLICIES = [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=3"]]
 # A cluster squeezed for memory so that preemption and recomputation happen.
-TIGHT = ["cluster.memory_fraction=0.25", "workload.context_cap=10000", "workload.output_median=600"]
+TIGHT = ["cluster.num_engines=3", "cluster.memory_fraction=0.25", "workload.context_cap=10000",
+         "workload.output_median=600"]
 
 
 def check_invariants(result, df):
@@ -50,7 +51,7 @@ def test_invariants(small, policy):
         assert (pd_rows.t_transfer_end > pd_rows.t_prefill_end).all()
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=1"]])
 def test_invariants_under_preemption(small, policy):
     result, df, _ = simulate(small + policy + TIGHT)
     assert df.preemptions.sum() > 0, "the tight cluster is meant to force preemptions"
@@ -74,6 +75,7 @@ def test_same_seed_same_bytes_other_seed_differs(small):
 @pytest.mark.parametrize("extra", [["policy=colocate"], ["policy=fixed_pd"], ["policy=colocate", *TIGHT],
                                    ["policy=colocate", "cluster=moe_h200"]])
 def test_fast_forward_gives_the_same_lifecycle_as_token_by_token(small, extra):
+    small = small + ["workload.batch_size=3", "mode.num_steps=1"]
     fast, df_fast, be_fast = simulate(small + extra + ["backend.fast_forward=true"])
     slow, df_slow, be_slow = simulate(small + extra + ["backend.fast_forward=false"])
     pd.testing.assert_frame_equal(df_fast, df_slow, check_exact=True)

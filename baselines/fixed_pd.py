@@ -7,6 +7,7 @@ the trajectory's context (only the new tokens' KV then moves).
 from __future__ import annotations
 
 from harness.api import ClusterView, LifecycleEvent, Role, Route, TurnRequest
+from harness.cluster import ClusterConfig
 from harness.routing import PrefixTracker, decode_load, pick, prefill_load
 
 
@@ -18,7 +19,8 @@ class FixedPD:
         self.num_prefill = num_prefill
         self.prefix = PrefixTracker()
 
-    def initial_roles(self, num_engines: int) -> list[Role]:
+    def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
+        num_engines = cluster.num_engines
         if not (isinstance(self.num_prefill, int) and 1 <= self.num_prefill <= num_engines - 1):
             raise ValueError(f"policy.num_prefill={self.num_prefill!r} is invalid; allowed: an integer in "
                              f"[1, {num_engines - 1}] (cluster.num_engines={num_engines})")
@@ -29,6 +31,9 @@ class FixedPD:
 
     def plan(self, view: ClusterView) -> None:
         return None
+
+    def metrics(self) -> dict:
+        return {}
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         tid = request.trajectory_id

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from harness.cluster import ClusterConfig
 
 
 class Role(str, enum.Enum):
@@ -129,7 +132,9 @@ class Policy(Protocol):
     name: str
     control_interval_s: float | None
 
-    def initial_roles(self, num_engines: int) -> list[Role]: ...
+    def initial_roles(self, cluster: ClusterConfig) -> list[Role]: ...
+
+    def metrics(self) -> dict: ...      # policy-specific entries for summary.json
 
     def observe(self, event: LifecycleEvent) -> None: ...
 

@@ -88,3 +88,13 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         reshard_switch_time_s=c["reshard_switch_time_s"],
         reset_prefix_cache_on_switch=bool(c["reset_prefix_cache_on_switch"]),
         cost_model=c.get("cost_model", "roofline"), profile=c.get("profile"))
+
+
+def cost_model(cluster: ClusterConfig, role: Role):
+    """The step-time model of an engine in `role`: roofline, or fitted to a profile (`cluster.profile`)."""
+    from harness.perf.profiled import ProfiledCostModel
+    from harness.perf.roofline import RooflineCostModel
+    par = cluster.parallelism[role]
+    if cluster.cost_model == "profiled":
+        return ProfiledCostModel.from_file(cluster.profile, cluster.model, cluster.gpu, cluster.perf, par)
+    return RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)

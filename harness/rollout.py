@@ -116,7 +116,8 @@ class RolloutDriver:
         validate_script(script)
         self.scripts[script.trajectory_id] = script
         self.started += 1
-        self._emit(LifecycleEvent(EventKind.TRAJECTORY_START, self.backend.now(), script.trajectory_id, 0))
+        self._emit(LifecycleEvent(EventKind.TRAJECTORY_START, self.backend.now(), script.trajectory_id, 0,
+                                  detail=script.family))
         self.context[script.trajectory_id] = 0
         self._turn_ready(script, 0)
 

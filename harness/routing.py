@@ -5,7 +5,7 @@ routing needs nothing beyond the lifecycle events.
 """
 from __future__ import annotations
 
-from harness.api import EngineState, EventKind, LifecycleEvent
+from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 
 
 class PrefixTracker:
@@ -44,3 +44,19 @@ def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineSt
         if e.engine_id == preferred:
             return e
     return min(candidates, key=load)
+
+
+def route_by_role(request: TurnRequest, view: ClusterView, prefix: PrefixTracker) -> Route | None:
+    """Route to whatever roles exist now: PD when prefill and decode engines are available, else a
+    colocated engine, else append-prefill on a decode engine; None (wait) when nothing can serve."""
+    tid = request.trajectory_id
+    p = pick(view.with_role(Role.PREFILL), prefix.prefill_engine.get(tid), prefill_load)
+    d = pick(view.with_role(Role.DECODE), prefix.decode_engine.get(tid), decode_load)
+    if p is not None and d is not None:
+        return Route(p.engine_id, d.engine_id)
+    c = pick(view.with_role(Role.COLOCATED), prefix.decode_engine.get(tid), decode_load)
+    if c is not None:
+        return Route(c.engine_id, c.engine_id)
+    if d is not None:
+        return Route(d.engine_id, d.engine_id)
+    return None

@@ -27,7 +27,7 @@ def simulate(overrides: list[str], policy=None, keep_events: bool = False):
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = policy or instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster.num_engines))
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster))
     result = RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run()
     return result, lifecycle_frame(result), backend
 

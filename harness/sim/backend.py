@@ -10,9 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
-from harness.cluster import ClusterConfig
-from harness.perf.profiled import ProfiledCostModel
-from harness.perf.roofline import RooflineCostModel
+from harness.cluster import ClusterConfig, cost_model
 from harness.sim.clock import EventLoop
 from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
 
@@ -107,12 +105,7 @@ class SimBackend:
     # --- called by engines --------------------------------------------------------------------
     def cost_model(self, role: Role):
         if role not in self._cost_models:
-            c = self.cluster
-            if c.cost_model == "profiled":
-                self._cost_models[role] = ProfiledCostModel.from_file(c.profile, c.model, c.gpu, c.perf,
-                                                                      c.parallelism[role])
-            else:
-                self._cost_models[role] = RooflineCostModel(c.model, c.gpu, c.perf, c.parallelism[role])
+            self._cost_models[role] = cost_model(self.cluster, role)
         return self._cost_models[role]
 
     def emit(self, kind: EventKind, s: SimRequest, engine_id: int, tokens: int = 0, extra_tokens: int = 0):

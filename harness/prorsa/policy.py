@@ -1,0 +1,124 @@
+"""Prorsa: prediction-guided P/D allocation with engine role switching (arXiv 2610.16592, abstract).
+
+What the abstract states: Prorsa observes the lifecycle of every trajectory to forecast short-horizon
+prefill and decode demand; the forecasts guide worker allocation and trigger role switching, so
+that prefill and decode capacity follow the anticipated demand, in sync and async agentic RL.
+The algorithm here is ours (see tracker.py, forecaster.py, allocator.py, switcher.py):
+  every `control_interval_s`: track -> forecast the next `horizon_s` in `bins` -> score every split
+  with the cost model -> switch the cheapest-to-drain engines when the gain beats the switch cost
+  plus `hysteresis`, and not sooner than `min_dwell_s` after the last switch.
+The initial split comes from the priors: the share of engine time a turn spends in prefill.
+Ablations (config): `forecast: false` scores splits on the present state only (queued prefill and
+current decodes held flat over the horizon); `switching: false` keeps the initial split.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.cluster import ClusterConfig
+from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel
+from harness.prorsa.forecaster import Forecast, Forecaster, Prior
+from harness.prorsa.switcher import current_split, target_roles
+from harness.prorsa.tracker import LifecycleTracker, Phase
+from harness.routing import PrefixTracker, route_by_role
+
+
+class Prorsa:
+    name = "prorsa"
+
+    def __init__(self, priors: dict, control_interval_s: float = 2.0, horizon_s: float = 20.0, bins: int = 5,
+                 hysteresis: float = 0.1, min_dwell_s: float = 10.0, min_observations: int = 30,
+                 allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
+                 mode: str = "sync", name: str = "prorsa"):
+        for key, v in (("control_interval_s", control_interval_s), ("horizon_s", horizon_s)):
+            if not v > 0:
+                raise ValueError(f"policy.{key}={v} is invalid; allowed: a number > 0")
+        if not (isinstance(bins, int) and bins >= 1):
+            raise ValueError(f"policy.bins={bins!r} is invalid; allowed: an integer >= 1")
+        if hysteresis < 0:
+            raise ValueError(f"policy.hysteresis={hysteresis} is invalid; allowed: a number >= 0")
+        self.name = name
+        self.control_interval_s = control_interval_s
+        self.horizon_s, self.bins = horizon_s, bins
+        self.priors = {k: Prior(float(v["median"]), float(v["sigma"])) for k, v in priors.items()}
+        self.hysteresis, self.min_dwell_s, self.min_obs = hysteresis, min_dwell_s, min_observations
+        self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
+        self.mode = mode
+        self.tracker = LifecycleTracker()
+        self.prefix = PrefixTracker()
+        self.decisions: list[tuple[float, int]] = []
+        self._last_switch = -np.inf
+
+    # --- Policy contract ----------------------------------------------------------------------
+    def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
+        self.capacity = CapacityModel(cluster)
+        self.allocator = Allocator(self.capacity, self.hysteresis, self.allow_colocated)
+        self.forecaster = Forecaster(self.horizon_s, self.bins, self.priors, self.min_obs, self.mode,
+                                     default_tpot_s=self.capacity.decode_step(Role.DECODE, 32, 32 * 4096))
+        split = self.prior_split(cluster)
+        self.decisions.append((0.0, split))
+        return self._roles_for(split, cluster.num_engines)
+
+    def observe(self, event: LifecycleEvent) -> None:
+        self.tracker.observe(event)
+        self.prefix.observe(event)
+        if event.kind == EventKind.TURN_READY:
+            self.forecaster.observe_arrival(event.t, event.tokens)
+
+    def plan(self, view: ClusterView) -> dict[int, Role] | None:
+        fc = self.forecaster.forecast(view.now, self.tracker) if self.use_forecast else None
+        current = current_split(view)
+        if not self.switching or current is None or view.now - self._last_switch < self.min_dwell_s:
+            return None
+        if fc is None:
+            fc = self.present_state(view)
+        live = list(self.tracker.live.values())
+        context = float(np.mean([s.context for s in live])) if live else 0.0
+        turn_tokens = float(np.mean([s.appended for s in live])) if live else 1.0
+        backlog = float(sum(e.waiting_prefill_tokens for e in view.engines))
+        d = self.allocator.decide(current, fc, backlog, context, turn_tokens, len(live))
+        if not d.switch:
+            return None
+        self._last_switch = view.now
+        self.decisions.append((view.now, d.num_prefill))
+        return target_roles(view, d.num_prefill)
+
+    def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
+        return route_by_role(request, view, self.prefix)
+
+    def metrics(self) -> dict:
+        out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions]}
+        if self.use_forecast:
+            out.update(self.forecaster.errors())
+        return out
+
+    # --- helpers --------------------------------------------------------------------------------
+    def prior_split(self, cluster: ClusterConfig) -> int:
+        """Prefill engines in proportion to a turn's prefill time against its decode engine time,
+        both from the priors and the cost model (a nominal batch of max_num_seqs/4 per engine)."""
+        p = self.priors
+        out, tool = p["output_tokens"].median, p["tool_output_tokens"].median
+        context = p["prompt_tokens"].median + p["turns"].median / 2 * (out + tool)
+        prefill_s = (out + tool) / self.capacity.prefill_rate(Role.PREFILL, context)
+        batch = max(cluster.max_num_seqs // 4, 1) * cluster.parallelism[Role.DECODE].dp
+        decode_s = out * self.capacity.decode_step(Role.DECODE, batch, batch * context) / batch
+        share = prefill_s / (prefill_s + decode_s)
+        return int(np.clip(round(share * cluster.num_engines), 1, cluster.num_engines - 1))
+
+    def present_state(self, view: ClusterView) -> Forecast:
+        """The forecast-free view: current decodes held flat; arrivals at the recent rate."""
+        live = self.tracker.live.values()
+        decoding = [s for s in live if s.phase == Phase.DECODING]
+        kv = float(sum(s.context for s in decoding))
+        recent = [tok for t, tok in self.forecaster.arrivals if t > view.now - self.horizon_s]
+        w = self.horizon_s / self.bins
+        rate = sum(recent) / self.horizon_s
+        ones = np.ones(self.bins)
+        return Forecast(view.now, w, ones * rate * w, ones * len(decoding), ones * kv)
+
+    @staticmethod
+    def _roles_for(split: int, n: int) -> list[Role]:
+        if split == COLOCATED:
+            return [Role.COLOCATED] * n
+        return [Role.PREFILL] * split + [Role.DECODE] * (n - split)

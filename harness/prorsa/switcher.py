@@ -1,0 +1,42 @@
+"""Role switcher: which engines change role to reach a target split.
+
+The cheapest to drain switch: a decode engine with the fewest running sequences and least KV in use
+becomes a prefill engine; a prefill engine with the least queued prefill becomes a decode engine.
+Going to or from colocation moves every engine; the least decode-loaded become the prefill pool.
+The backend carries each switch out (drain, hand back queued legs, switch time); nothing is lost.
+"""
+from __future__ import annotations
+
+from harness.api import ClusterView, Role
+from harness.prorsa.allocator import COLOCATED
+
+
+def current_split(view: ClusterView) -> int | None:
+    """The split the engines are in (counting switches under way); None while mixed or switching."""
+    roles = [e.target_role or e.role for e in view.engines]
+    if any(e.target_role is not None for e in view.engines):
+        return None
+    if all(r == Role.COLOCATED for r in roles):
+        return COLOCATED
+    if Role.COLOCATED in roles:
+        return None
+    return sum(r == Role.PREFILL for r in roles)
+
+
+def target_roles(view: ClusterView, target: int) -> dict[int, Role]:
+    engines = view.engines
+    if target == COLOCATED:
+        return {e.engine_id: Role.COLOCATED for e in engines}
+    prefill = [e for e in engines if e.role == Role.PREFILL]
+    decode = [e for e in engines if e.role == Role.DECODE]
+    roles = {e.engine_id: e.role for e in engines}
+    if not prefill and not decode:  # from colocation
+        order = sorted(engines, key=lambda e: (e.decoding_requests, e.kv_used_tokens, e.engine_id))
+        return {e.engine_id: (Role.PREFILL if i < target else Role.DECODE) for i, e in enumerate(order)}
+    if target > len(prefill):
+        for e in sorted(decode, key=lambda e: (e.running_requests, e.kv_used_tokens, e.engine_id))[: target - len(prefill)]:
+            roles[e.engine_id] = Role.PREFILL
+    elif target < len(prefill):
+        for e in sorted(prefill, key=lambda e: (e.waiting_prefill_tokens, e.engine_id))[: len(prefill) - target]:
+            roles[e.engine_id] = Role.DECODE
+    return roles

@@ -1,0 +1,131 @@
+"""Prorsa's forecaster on hand-made lifecycles and its allocator on hand-made forecasts."""
+import numpy as np
+import pytest
+
+from harness.api import EventKind as K
+from harness.api import LifecycleEvent as E
+from harness.api import Role
+from harness.cluster import cluster_from_config
+from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel
+from harness.prorsa.forecaster import Forecast, Forecaster, Prior
+from harness.prorsa.tracker import LifecycleTracker, Phase
+from omegaconf import OmegaConf
+from tests.conftest import load_config
+
+# Deterministic priors (sigma 0): every prior sample equals the median.
+PRIORS = {"prompt_tokens": Prior(100, 0), "output_tokens": Prior(40, 0), "tool_output_tokens": Prior(200, 0),
+          "tool_latency_s": Prior(3.0, 0), "turns": Prior(5, 0)}
+
+
+def feed(tracker, events):
+    for e in events:
+        tracker.observe(e)
+
+
+def first_turn(tid=1):
+    return [E(K.TRAJECTORY_START, 0.0, tid, 0, detail="fam"), E(K.TURN_READY, 0.0, tid, 0, tokens=100),
+            E(K.PREFILL_START, 0.0, tid, 0), E(K.PREFILL_END, 0.1, tid, 0), E(K.DECODE_START, 0.1, tid, 0),
+            E(K.FIRST_TOKEN, 0.51, tid, 0, engine_id=0), E(K.DECODE_END, 1.0, tid, 0, engine_id=0, tokens=50)]
+
+
+def test_tracker_phases_and_history():
+    t = LifecycleTracker()
+    feed(t, first_turn())
+    s = t.live[1]
+    assert s.phase == Phase.TOOL and s.phase_since == 1.0 and s.outputs == [50] and s.context == 100
+    assert t.tpot[0] == pytest.approx(0.49 / 49)
+    feed(t, [E(K.TOOL_END, 4.0, 1, 0, tokens=200), E(K.TURN_READY, 4.0, 1, 1, tokens=250)])
+    assert s.tool_latencies == [3.0] and s.tool_outputs == [200] and s.context == 350 and s.turn == 1
+    assert s.phase == Phase.QUEUED
+
+
+def test_forecast_of_a_tool_call_return_known_answer():
+    t = LifecycleTracker()
+    feed(t, first_turn())
+    f = Forecaster(horizon_s=4.0, bins=4, priors=PRIORS, min_observations=30, mode="sync", default_tpot_s=1.0)
+    fc = f.forecast(2.0, t)
+    # In the tool since t=1, latency 3 s: returns at t=4, i.e. 2 s ahead: bin (1, 2].
+    # Tokens: its last output (50) + the expected tool output (200).
+    np.testing.assert_allclose(fc.prefill_tokens, [0, 250, 0, 0])
+    # It then decodes 40 tokens at the observed 0.01 s/token: 0.4 s, inside bin 1 only.
+    np.testing.assert_allclose(fc.decode_seqs, [0, 1, 0, 0])
+    assert fc.decode_kv_tokens[1] == pytest.approx(100 + 50 + 200 + 20)
+
+
+def test_forecast_of_a_decoding_sequence_known_answer():
+    t = LifecycleTracker()
+    feed(t, [E(K.TRAJECTORY_START, 0.0, 7, 0, detail="fam"), E(K.TURN_READY, 0.0, 7, 0, tokens=100),
+             E(K.PREFILL_START, 0.5, 7, 0), E(K.PREFILL_END, 1.0, 7, 0), E(K.DECODE_START, 1.0, 7, 0)])
+    priors = dict(PRIORS, output_tokens=Prior(100, 0), tool_latency_s=Prior(0.5, 0))
+    f = Forecaster(horizon_s=2.0, bins=4, priors=priors, min_observations=30, mode="sync", default_tpot_s=0.01)
+    fc = f.forecast(1.2, t)
+    # 20 of 100 tokens done at 0.01 s/token: 0.8 s left; bin mids 0.25, 0.75 are before, 1.25 after.
+    np.testing.assert_allclose(fc.decode_seqs, [1, 1, 0, 0])
+    # Next turn (turn 0 of 5 always continues): after 0.8 s of decode and a 0.5 s tool call -> 1.3 s,
+    # bin (1.0, 1.5]; it brings its 100 output tokens and 200 tool tokens.
+    np.testing.assert_allclose(fc.prefill_tokens, [0, 0, 300, 0])
+
+
+def test_forecast_error_is_recorded_per_bin():
+    t = LifecycleTracker()
+    feed(t, first_turn())
+    f = Forecaster(horizon_s=4.0, bins=4, priors=PRIORS, min_observations=30, mode="sync", default_tpot_s=1.0)
+    for e in first_turn():
+        if e.kind == K.TURN_READY:
+            f.observe_arrival(e.t, e.tokens)
+    f.forecast(2.0, t)
+    f.observe_arrival(4.0, 250)          # the return happened where forecast: bin (1, 2] after t=2
+    f.forecast(7.0, t)                   # a later sample closes the horizon
+    err = f.errors()
+    assert err["forecast_wape_prefill"][1] == 0.0
+    assert len(err["forecast_wape_decode"]) == 4
+
+
+def capacity(name="moe_h200"):
+    cfg = load_config([f"cluster={name}"])
+    return CapacityModel(cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True)))
+
+
+def flat(bins, prefill, seqs, kv, w=4.0):
+    one = np.ones(bins)
+    return Forecast(0.0, w, one * prefill, one * seqs, one * kv)
+
+
+def test_allocator_more_prefill_demand_never_means_fewer_prefill_engines():
+    a = Allocator(capacity(), hysteresis=0.0, allow_colocated=False)
+    chosen = []
+    for prefill in [1e4, 1e5, 5e5, 2e6]:
+        fc = flat(5, prefill, seqs=256, kv=256 * 8000)
+        chosen.append(a.decide(4, fc, 0.0, 8000, 2000, in_flight=0).num_prefill)
+    assert chosen == sorted(chosen)
+    assert chosen[0] < chosen[-1]
+
+
+def test_allocator_prefers_colocation_when_decode_kv_needs_every_engine():
+    cap = capacity("dense_h100")
+    a = Allocator(cap, hysteresis=0.0, allow_colocated=True)
+    kv = 0.9 * 8 * cap.kv_capacity[Role.COLOCATED]       # 90% of the whole cluster's KV memory
+    fc = flat(5, 1e3, seqs=256, kv=kv)
+    d = a.decide(COLOCATED, fc, 0.0, kv / 256, 500, in_flight=256)
+    assert d.num_prefill == COLOCATED and not d.switch
+    assert d.costs[2] > d.costs[COLOCATED]
+
+
+def test_allocator_picks_pd_under_heavy_prefill_with_dp_attention():
+    a = Allocator(capacity("moe_h200"), hysteresis=0.0, allow_colocated=True)
+    fc = flat(5, 4e5, seqs=512, kv=512 * 20000)
+    d = a.decide(COLOCATED, fc, 2e5, 20000, 6000, in_flight=0)
+    assert d.num_prefill != COLOCATED and d.switch
+
+
+def test_hysteresis_and_switch_cost_hold_a_small_gain():
+    a = Allocator(capacity("moe_h200"), hysteresis=0.0, allow_colocated=False)
+    fc = flat(5, 1e5, seqs=256, kv=256 * 8000)
+    free = a.decide(3, fc, 0.0, 8000, 2000, in_flight=0)
+    if free.num_prefill == 3:
+        pytest.skip("3 is already best")
+    gain = free.costs[3] - free.costs[free.num_prefill]
+    strict = Allocator(a.cap, hysteresis=gain / free.costs[3] * 1.01, allow_colocated=False)
+    assert strict.decide(3, fc, 0.0, 8000, 2000, in_flight=0).num_prefill == 3
+    # ...and so does a switch cost larger than the gain (many trajectories in flight).
+    assert a.decide(3, fc, 0.0, 8000, 2000, in_flight=10**7).num_prefill == 3

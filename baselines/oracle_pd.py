@@ -23,11 +23,14 @@ class OracleForecaster(Forecaster):
     def forecast(self, now: float, tracker: LifecycleTracker) -> Forecast:
         B, w = self.bins, self.bin_s
         mids = (np.arange(B) + 0.5) * w
-        pf, dseq, dkv = np.zeros(B), np.zeros(B), np.zeros(B)
+        pf, dseq, dkv, dtok = np.zeros(B), np.zeros(B), np.zeros(B), np.zeros(B)
         tpot = self.tpot(tracker)
         decoding_now = kv_now = 0
 
         def decode(start, tokens, context):
+            b = int(start // w)
+            if 0 <= b < B:
+                dtok[b] += tokens
             on = (mids >= start) & (mids < start + tokens * tpot)
             dseq[on] += 1
             dkv[on] += context + (mids[on] - start) / tpot
@@ -58,7 +61,7 @@ class OracleForecaster(Forecaster):
             if not last:
                 arrive(left + turn.tool_latency_s, turn.output_tokens + nxt)
         self.actual_decode.append((now, decoding_now, kv_now))
-        fc = Forecast(now, w, pf, dseq, dkv)
+        fc = Forecast(now, w, pf, dseq, dkv, dtok)
         self.history.append(fc)
         return fc
 

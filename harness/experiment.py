@@ -39,7 +39,14 @@ def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
     if name == "sim":
         from harness.sim.backend import SimBackend
         return SimBackend(cluster, roles, fast_forward=bool(cfg.backend.fast_forward))
-    raise ValueError(f"backend.name={name!r} is not available; allowed: sim")
+    if name in ("vllm_cpu", "vllm"):
+        from harness.engines.backend import VllmBackend
+        return VllmBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster, roles,
+                                       seed=int(cfg.seed))
+    if name == "sglang":
+        from harness.engines.sglang import SGLangBackend
+        return SGLangBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster, roles)
+    raise ValueError(f"backend.name={name!r} is not available; allowed: sim, vllm_cpu, vllm, sglang")
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -65,7 +72,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = instantiate(cfg.policy)
-    roles = policy.initial_roles(cluster.num_engines)
+    roles = policy.initial_roles(cluster)
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
     sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
@@ -79,6 +86,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         result = driver.run()
         wall = time.perf_counter() - wall0
         summary = summarize(cfg, cluster, mode, result, backend, wall, policy.name, workload.name)
+        summary.update(policy.metrics())
         summary["config_hash"] = config_hash(cfg)
         timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
         write_results(out, result, timeline, sampler.frame())

@@ -154,6 +154,9 @@ class RolloutDriver:
         for req in parked:
             self._route_and_submit(req)
 
+    def _switching(self) -> bool:
+        return any(e.target_role is not None for e in self.backend.view().engines)
+
     def _trajectory_end(self, tid: int) -> None:
         script = self.scripts[tid]
         self._emit(LifecycleEvent(EventKind.TRAJECTORY_END, self.backend.now(), tid, len(script.turns) - 1))
@@ -221,7 +224,9 @@ class RolloutDriver:
         self._emit(e)
         if e.kind == K.DECODE_END:
             self._after_decode(e.trajectory_id, e.turn)
-        elif e.kind == K.ROLE_SWITCH_END and self.parked:
+        elif e.kind == K.ROLE_SWITCH_END and self.parked and not self._switching():
+            # Parked turns wait for the whole transition, so they spread over every new engine
+            # instead of piling onto the first one back.
             self._retry_parked()
 
     def _after_decode(self, tid: int, turn: int) -> None:
@@ -248,6 +253,4 @@ class RolloutDriver:
             role = (wanted or {}).get(e.engine_id)
             if role is not None and role != (e.target_role or e.role) and e.target_role is None:
                 self.backend.switch_role(e.engine_id, role)
-        if self.parked:
-            self._retry_parked()
         self.backend.call_later(self.policy.control_interval_s, self._control_tick)

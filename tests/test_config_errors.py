@@ -9,7 +9,7 @@ from tests.conftest import SMALL, load_config
 @pytest.mark.parametrize("overrides, message", [
     (["policy=fixed_pd", "policy.num_prefill=-1"], "policy.num_prefill=-1 is invalid; allowed: an integer in [1, 7]"),
     (["policy=fixed_pd", "policy.num_prefill=8"], "policy.num_prefill=8 is invalid; allowed: an integer in [1, 7]"),
-    (["cluster.gpu=h900"], "cluster.gpu='h900' is not in configs/catalogue/gpus.yaml; allowed: a100, h100, h20, h200, h800"),
+    (["cluster.gpu=h900"], "cluster.gpu='h900' is not in configs/catalogue/gpus.yaml; allowed: a100, cpu_core, h100, h20, h200, h800"),
     (["cluster.model=qwen9"], "cluster.model='qwen9' is not in configs/catalogue/models.yaml; allowed:"),
     (["cluster.num_engines=0"], "cluster.num_engines=0 is invalid; allowed: an integer >= 1"),
     (["cluster.parallelism.prefill.tp=3"], "cluster.parallelism.prefill"),

@@ -1,6 +1,14 @@
-"""What a workload is to the driver: B prompts x G samples of trajectory scripts per RL step."""
+"""What a workload is to the driver: B prompts x G samples of trajectory scripts per RL step.
+
+Also the small distribution types every generator's config is made of, so a YAML reads the same
+across families: a `LogNormal` (median, sigma, optional cap) and a `Mode` (one weighted component
+of a mixture, e.g. successful vs failed SWE trajectories, local tools vs an LLM user simulator).
+"""
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import numpy as np
@@ -25,3 +33,89 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
 
 def lognormal(rng: np.random.Generator, median: float, sigma: float, size=None) -> np.ndarray:
     return median * np.exp(sigma * rng.standard_normal(size))
+
+
+def trajectory_id(step: int, batch_size: int, group_size: int, index: int) -> int:
+    """Ids unique across steps: step * B*G + index within the step."""
+    return step * batch_size * group_size + index
+
+
+def group_id(step: int, batch_size: int, group: int) -> int:
+    return step * batch_size + group
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """A positive quantity with a long right tail; `high` is the recipe's cap (values above are cut)."""
+
+    median: float
+    sigma: float
+    high: float = math.inf
+
+    def __post_init__(self):
+        if not (self.median > 0 and self.sigma >= 0 and self.high > 0):
+            raise ValueError(f"{self} is invalid; allowed: median > 0, sigma >= 0, high > 0")
+
+    def at(self, z: np.ndarray | float, scale: float = 1.0) -> np.ndarray:
+        """The value at standard-normal score `z` (so callers can correlate draws), median scaled."""
+        return np.minimum(self.median * scale * np.exp(self.sigma * np.asarray(z)), self.high)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One component of a mixture: a share `weight` of the population, lognormal within it."""
+
+    name: str
+    weight: float
+    median: float
+    sigma: float
+    high: float = math.inf
+
+    def __post_init__(self):
+        if not self.weight >= 0:
+            raise ValueError(f"mode {self.name!r}: weight={self.weight} is invalid; allowed: >= 0")
+        LogNormal(self.median, self.sigma, self.high)
+
+    @property
+    def dist(self) -> LogNormal:
+        return LogNormal(self.median, self.sigma, self.high)
+
+
+def from_config(cls, value, where: str):
+    """Build a config dataclass from a YAML mapping, naming the key on a typo or a bad value."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}={value!r} is invalid; allowed: a mapping with keys "
+                         f"{[f.name for f in fields(cls)]}")
+    allowed = {f.name for f in fields(cls)}
+    unknown = set(value) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    try:
+        return cls(**dict(value))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def modes_from_config(value, where: str) -> tuple[Mode, ...]:
+    modes = tuple(from_config(Mode, m, f"{where}[{i}]") for i, m in enumerate(value))
+    if not modes or sum(m.weight for m in modes) <= 0:
+        raise ValueError(f"{where}: need at least one mode with weight > 0")
+    if len({m.name for m in modes}) != len(modes):
+        raise ValueError(f"{where}: mode names must be distinct, got {[m.name for m in modes]}")
+    return modes
+
+
+def mode_probabilities(modes: tuple[Mode, ...]) -> np.ndarray:
+    w = np.array([m.weight for m in modes], dtype=float)
+    return w / w.sum()
+
+
+def mixture_draw(rng: np.random.Generator, modes: tuple[Mode, ...], size: int) -> np.ndarray:
+    """`size` independent draws, each from a mode picked by weight."""
+    pick = rng.choice(len(modes), size=size, p=mode_probabilities(modes))
+    median = np.array([m.median for m in modes])[pick]
+    sigma = np.array([m.sigma for m in modes])[pick]
+    high = np.array([m.high for m in modes])[pick]
+    return np.minimum(median * np.exp(sigma * rng.standard_normal(size)), high)

@@ -1,17 +1,20 @@
 """Prediction-guided allocation: how many engines prefill and how many decode (or all colocated).
 
-Each candidate split is scored by a fluid model of the forecast horizon, in trajectory-seconds of
-delay against an ideal cluster (every prompt prefilled on arrival, every sequence decoding at its
-batch-1 speed):
-  - prefill: the backlog (now: the engines' queued prefill tokens) grows by each bin's forecast
-    arrivals and shrinks by the pool's prefill rate; queued turns wait a bin each;
-  - decode: the forecast sequences share the decode pool; each runs at 1/TPOT(batch, context)
-    instead of 1/TPOT(1); sequences beyond the pool's KV capacity stall;
-  - colocated: every engine prefills and decodes; while it prefills, its decodes run at the mixed
-    step's time (with DP attention, one rank's prefill stalls all ranks: reference/simulator.md).
-Rates and times come from the cluster's cost model (roofline or profiled), per role parallelism.
-A switch costs the switching engines' share of the in-flight trajectories for the switch time;
-the allocator moves only when the predicted gain beats that cost plus a hysteresis margin.
+Each candidate split is scored by the latency of a turn in the closed loop of agentic rollouts
+(queue for prefill -> prefill -> decode -> tool -> ...), from the forecast demand over the horizon:
+  - prefill: the arrival rate (the engines' queued prefill now plus the forecast arrivals, over the
+    horizon) against the pool's prefill rate; a turn waits its service time / (1 - utilisation),
+    and past saturation half the backlog the horizon would pile up;
+  - decode: the sequences decoding at once (the in-flight trajectories not in a tool call) share the
+    decode pool; their batch is capped by the pool's KV capacity, beyond which sequences time-share
+    (the memory wall); time per output token from the cost model at that batch and context;
+  - colocated: every engine does both; the share of steps carrying prefill (its utilisation) run at
+    the mixed step's time, which with DP attention is the slowest rank's (one rank's prefill stalls
+    every rank's decode: reference/simulator.md, "DP attention").
+The score is turn latency x the turns expected in the horizon (trajectory-seconds). A switch costs
+the switched engines' share of the in-flight trajectories for the switch time (resharding when the
+parallelism changes); the allocator moves only when the gain beats that plus `hysteresis` times the
+current score. Rates and step times come from the cluster's cost model (roofline or profiled).
 """
 from __future__ import annotations
 
@@ -64,6 +67,31 @@ class CapacityModel:
 
 
 @dataclass
+class Load:
+    """The demand over the horizon that the allocator scores splits against."""
+
+    horizon_s: float
+    prefill_rate: float       # prefill tokens/s arriving (queued now + forecast arrivals) / horizon
+    turn_prefill: float       # prefill tokens of one turn
+    output: float             # output tokens of one turn
+    turns: float              # turns expected to start in the horizon
+    decoding: float           # sequences decoding at once (in flight, not in a tool call)
+    kv_per_seq: float         # KV tokens of a decoding sequence
+    context: float            # prefix length of a prefill chunk
+    in_flight: int
+
+    @classmethod
+    def from_forecast(cls, fc: Forecast, backlog: float, decoding: float, context: float, output: float,
+                      turn_prefill: float, in_flight: int) -> "Load":
+        horizon = fc.bins * fc.bin_s
+        kv = float(fc.decode_kv_tokens.max()) / max(float(fc.decode_seqs.max()), 1.0)
+        return cls(horizon_s=horizon, prefill_rate=(backlog + float(fc.prefill_tokens.sum())) / horizon,
+                   turn_prefill=turn_prefill, output=output, turns=float(fc.decode_tokens.sum()) / max(output, 1.0),
+                   decoding=max(decoding, float(fc.decode_seqs.max())), kv_per_seq=max(kv, context),
+                   context=context, in_flight=in_flight)
+
+
+@dataclass
 class Decision:
     num_prefill: int              # 0: all colocated
     costs: dict[int, float]
@@ -80,53 +108,48 @@ class Allocator:
     def candidates(self) -> list[int]:
         return ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n))
 
-    def cost(self, num_prefill: int, fc: Forecast, backlog: float, context: float, turn_tokens: float) -> float:
-        cap, n, w = self.cap, self.n, fc.bin_s
-        delay = 0.0
-        if num_prefill == COLOCATED:
-            rate = n * cap.prefill_rate(Role.COLOCATED, context)
-            kv_cap = n * cap.kv_capacity[Role.COLOCATED]
-        else:
-            rate = num_prefill * cap.prefill_rate(Role.PREFILL, context)
-            n_dec = n - num_prefill
-            kv_cap = n_dec * cap.kv_capacity[Role.DECODE]
-        for b in range(fc.bins):
-            work = backlog + fc.prefill_tokens[b]
-            busy = min(1.0, work / (rate * w)) if rate > 0 else 1.0
-            backlog = max(0.0, work - rate * w)
-            seqs, kv = fc.decode_seqs[b], fc.decode_kv_tokens[b]
-            stalled = 0.0 if kv <= kv_cap or kv <= 0 else seqs * (1 - kv_cap / kv)
-            active = seqs - stalled
-            if num_prefill == COLOCATED:
-                t_dec = cap.decode_step(Role.COLOCATED, active / n, min(kv, kv_cap) / n)
-                t_mix = cap.mixed_step(Role.COLOCATED, active / n, min(kv, kv_cap) / n, context)
-                tokens_per_s = busy / t_mix + (1 - busy) / t_dec
-            else:
-                tokens_per_s = 1.0 / cap.decode_step(Role.DECODE, active / n_dec, min(kv, kv_cap) / n_dec)
-            delay += active * w * max(0.0, 1.0 - tokens_per_s * cap.tpot_ideal) + stalled * w
-            delay += backlog / max(turn_tokens, 1.0) * w
-        return delay
+    def turn_latency(self, num_prefill: int, load: Load) -> float:
+        """Seconds from a turn's prompt being ready to its last token, with this split."""
+        cap, n = self.cap, self.n
+        colocated = num_prefill == COLOCATED
+        role = Role.COLOCATED if colocated else Role.DECODE
+        engines = n if colocated else n - num_prefill
+        rate = (n * cap.prefill_rate(Role.COLOCATED, load.context) if colocated
+                else num_prefill * cap.prefill_rate(Role.PREFILL, load.context))
+        rho = load.prefill_rate / rate
+        service = load.turn_prefill / rate
+        wait = service / (1 - rho) if rho < 1 else service + (load.prefill_rate - rate) * load.horizon_s / (2 * rate)
+        want = max(load.decoding / engines, 1.0)
+        limit = self.cap.cluster.max_num_seqs * cap.models[role].par.dp
+        batch = max(min(want, cap.kv_capacity[role] / max(load.kv_per_seq, 1.0), limit), 1.0)
+        t_dec = cap.decode_step(role, batch, batch * load.kv_per_seq) * want / batch   # time-sharing
+        if colocated:
+            t_mix = cap.mixed_step(role, batch, batch * load.kv_per_seq, load.context) * want / batch
+            busy = min(rho, 1.0)  # share of time in steps that carry prefill
+            t_dec = 1.0 / (busy / t_mix + (1 - busy) / t_dec)
+        return wait + load.output * t_dec
+
+    def cost(self, num_prefill: int, load: Load) -> float:
+        return self.turn_latency(num_prefill, load) * load.turns
 
     def switch_cost(self, current: int, target: int, in_flight: int) -> float:
-        """The switching engines' share of the in-flight trajectories, idle for the switch time."""
+        """The switched engines' share of the in-flight trajectories, idle for the switch time."""
         if current == target:
             return 0.0
         c = self.cap.cluster
         if COLOCATED in (current, target):
             moved = self.n
-            roles = [Role.PREFILL, Role.DECODE]
-            reshard = any(c.parallelism[r] != c.parallelism[Role.COLOCATED] for r in roles)
+            reshard = any(c.parallelism[r] != c.parallelism[Role.COLOCATED] for r in (Role.PREFILL, Role.DECODE))
         else:
             moved = abs(current - target)
             reshard = c.parallelism[Role.PREFILL] != c.parallelism[Role.DECODE]
         seconds = c.reshard_switch_time_s if reshard else c.switch_time_s
         return moved / self.n * in_flight * seconds
 
-    def decide(self, current: int, fc: Forecast, backlog: float, context: float, turn_tokens: float,
-               in_flight: int) -> Decision:
-        costs = {k: self.cost(k, fc, backlog, context, turn_tokens) for k in self.candidates()}
-        now_cost = costs.get(current, self.cost(current, fc, backlog, context, turn_tokens))
-        best = min(costs, key=lambda k: (costs[k] + self.switch_cost(current, k, in_flight), k))
-        gain = now_cost - costs[best] - self.switch_cost(current, best, in_flight)
-        switch = best != current and gain > self.hysteresis * max(now_cost, 1e-9)
+    def decide(self, current: int, load: Load) -> Decision:
+        costs = {k: self.cost(k, load) for k in self.candidates()}
+        now_cost = costs.get(current, self.cost(current, load))
+        total = {k: costs[k] + self.switch_cost(current, k, load.in_flight) for k in costs}
+        best = min(total, key=lambda k: (total[k], k))
+        switch = best != current and now_cost - total[best] > self.hysteresis * max(now_cost, 1e-9)
         return Decision(best if switch else current, costs, switch)

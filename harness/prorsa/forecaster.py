@@ -6,6 +6,8 @@ For a horizon split into `bins` of `bin_s` seconds, the forecaster gives, per bi
     output plus the expected tool output; trajectories decoding now return after their expected
     remaining decode and a tool call, if their turn count says they continue; in async mode new
     trajectories start at the recent start rate with the mean first prompt;
+  - decode_tokens: expected output tokens still to generate, by the bin the sequence starts (or,
+    decoding now, bin 0): E[O - g | O > g] for sequences decoding now, E[O] for the others;
   - decode_seqs / decode_kv_tokens: expected sequences decoding at the bin's midpoint and their KV:
     sequences decoding now survive with P(O > g + t/tpot | O > g) (O: output length, g: tokens
     generated so far, estimated from elapsed time and the observed time per output token), sequences
@@ -70,6 +72,7 @@ class Forecast:
     prefill_tokens: np.ndarray
     decode_seqs: np.ndarray
     decode_kv_tokens: np.ndarray
+    decode_tokens: np.ndarray          # output tokens still to generate, by the bin their decode starts
 
     @property
     def bins(self) -> int:
@@ -120,7 +123,7 @@ class Forecaster:
         B, w = self.bins, self.bin_s
         edges = np.arange(B + 1) * w
         mids = (edges[:-1] + edges[1:]) / 2
-        pf, dseq, dkv = np.zeros(B), np.zeros(B), np.zeros(B)
+        pf, dseq, dkv, dtok = np.zeros(B), np.zeros(B), np.zeros(B), np.zeros(B)
         tpot = self.tpot(tracker)
         by_family: dict[str, list] = {}
         decoding_now = kv_now = 0
@@ -146,6 +149,7 @@ class Forecaster:
                 tokens = np.array([s.outputs[-1] for s in tool]) + m.tool_output_mean
                 context = np.array([s.context + s.outputs[-1] for s in tool]) + m.tool_output_mean
                 pf += p.T @ tokens
+                dtok += p.sum(axis=0) * out_mean
                 starts = p @ after
                 dseq += starts.sum(axis=0)
                 dkv += (starts * (context[:, None] + out_mean / 2)).sum(axis=0)
@@ -163,17 +167,20 @@ class Forecaster:
                 dkv += (share * (context[:, None] + g[:, None] + mids[None, :] / tpot)).sum(axis=0)
                 # their next turn: after the expected remaining decode and a tool call
                 remaining = m.output.mean_excess(g)
+                dtok[0] += float(remaining.sum())
                 cont = m.continues(np.array([s.turn for s in running]))
                 lag = remaining * tpot
                 cdf = m.latency.cdf(np.maximum(edges[None, :] - lag[:, None], -1.0))
                 cdf[:, 0] = 0.0
                 p = np.diff(cdf, axis=1) * cont[:, None]
                 pf += p.T @ (g + remaining + m.tool_output_mean)
+                dtok += p.sum(axis=0) * out_mean
             if self.mode == "async":
                 recent = [t for t in tracker.starts if t > now - B * w]
                 rate = len(recent) / (B * w) * len(states) / max(len(tracker.live), 1)
                 pf += rate * w * m.first_prompt_mean
-        fc = Forecast(now, w, pf, dseq, dkv)
+                dtok += rate * w * out_mean
+        fc = Forecast(now, w, pf, dseq, dkv, dtok)
         self.history.append(fc)
         return fc
 

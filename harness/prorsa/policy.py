@@ -7,7 +7,11 @@ The algorithm here is ours (see tracker.py, forecaster.py, allocator.py, switche
   every `control_interval_s`: track -> forecast the next `horizon_s` in `bins` -> score every split
   with the cost model -> switch the cheapest-to-drain engines when the gain beats the switch cost
   plus `hysteresis`, and not sooner than `min_dwell_s` after the last switch.
-The initial split comes from the priors: the share of engine time a turn spends in prefill.
+The initial split (`initial: plan`) is the allocator's choice, with no switch cost, for the load the
+priors predict: `expected_in_flight` trajectories released together (a sync step, or the async
+concurrency), each with the prior prompt, output and tool lengths; `initial: colocated` starts
+colocated. It does not switch in the tail,
+when fewer than `min_in_flight_per_engine` trajectories per engine remain.
 Ablations (config): `forecast: false` scores splits on the present state only (queued prefill and
 current decodes held flat over the horizon); `switching: false` keeps the initial split.
 """
@@ -17,7 +21,7 @@ import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel
+from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
 from harness.prorsa.forecaster import Forecast, Forecaster, Prior
 from harness.prorsa.switcher import current_split, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
@@ -30,7 +34,10 @@ class Prorsa:
     def __init__(self, priors: dict, control_interval_s: float = 2.0, horizon_s: float = 20.0, bins: int = 5,
                  hysteresis: float = 0.1, min_dwell_s: float = 10.0, min_observations: int = 30,
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
+                 initial: str = "plan", min_in_flight_per_engine: float = 2.0, expected_in_flight: int = 128,
                  mode: str = "sync", name: str = "prorsa"):
+        if initial not in ("plan", "colocated"):
+            raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
         for key, v in (("control_interval_s", control_interval_s), ("horizon_s", horizon_s)):
             if not v > 0:
                 raise ValueError(f"policy.{key}={v} is invalid; allowed: a number > 0")
@@ -45,6 +52,8 @@ class Prorsa:
         self.hysteresis, self.min_dwell_s, self.min_obs = hysteresis, min_dwell_s, min_observations
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
         self.mode = mode
+        self.initial, self.min_in_flight_per_engine = initial, min_in_flight_per_engine
+        self.expected_in_flight = expected_in_flight
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
         self.decisions: list[tuple[float, int]] = []
@@ -56,7 +65,7 @@ class Prorsa:
         self.allocator = Allocator(self.capacity, self.hysteresis, self.allow_colocated)
         self.forecaster = Forecaster(self.horizon_s, self.bins, self.priors, self.min_obs, self.mode,
                                      default_tpot_s=self.capacity.decode_step(Role.DECODE, 32, 32 * 4096))
-        split = self.prior_split(cluster)
+        split = COLOCATED if self.initial == "colocated" else self.prior_split()
         self.decisions.append((0.0, split))
         return self._roles_for(split, cluster.num_engines)
 
@@ -74,10 +83,17 @@ class Prorsa:
         if fc is None:
             fc = self.present_state(view)
         live = list(self.tracker.live.values())
-        context = float(np.mean([s.context for s in live])) if live else 0.0
-        turn_tokens = float(np.mean([s.appended for s in live])) if live else 1.0
-        backlog = float(sum(e.waiting_prefill_tokens for e in view.engines))
-        d = self.allocator.decide(current, fc, backlog, context, turn_tokens, len(live))
+        if len(live) < self.min_in_flight_per_engine * len(view.engines):
+            return None  # the tail: a switch would delay the last trajectories for little gain
+        load = Load.from_forecast(
+            fc, backlog=float(sum(e.waiting_prefill_tokens for e in view.engines)),
+            decoding=sum(1 for s in live if s.phase != Phase.TOOL),
+            context=float(np.mean([s.context for s in live])),
+            output=self._recent_mean([o for s in live for o in s.outputs], self.priors["output_tokens"].median),
+            turn_prefill=self._recent_mean([tok for _, tok in self.forecaster.arrivals[-1000:]],
+                                           self.priors["tool_output_tokens"].median),
+            in_flight=len(live))
+        d = self.allocator.decide(current, load)
         if not d.switch:
             return None
         self._last_switch = view.now
@@ -94,17 +110,16 @@ class Prorsa:
         return out
 
     # --- helpers --------------------------------------------------------------------------------
-    def prior_split(self, cluster: ClusterConfig) -> int:
-        """Prefill engines in proportion to a turn's prefill time against its decode engine time,
-        both from the priors and the cost model (a nominal batch of max_num_seqs/4 per engine)."""
-        p = self.priors
-        out, tool = p["output_tokens"].median, p["tool_output_tokens"].median
-        context = p["prompt_tokens"].median + p["turns"].median / 2 * (out + tool)
-        prefill_s = (out + tool) / self.capacity.prefill_rate(Role.PREFILL, context)
-        batch = max(cluster.max_num_seqs // 4, 1) * cluster.parallelism[Role.DECODE].dp
-        decode_s = out * self.capacity.decode_step(Role.DECODE, batch, batch * context) / batch
-        share = prefill_s / (prefill_s + decode_s)
-        return int(np.clip(round(share * cluster.num_engines), 1, cluster.num_engines - 1))
+    def prior_split(self) -> int:
+        """The allocator's split for the load the priors predict at the start of a rollout."""
+        p, n = self.priors, self.expected_in_flight
+        out, tool, prompt = p["output_tokens"].median, p["tool_output_tokens"].median, p["prompt_tokens"].median
+        turns = p["turns"].median
+        context = prompt + turns / 2 * (out + tool)
+        load = Load(horizon_s=self.horizon_s, prefill_rate=n * (prompt + (turns - 1) * (out + tool)) / self.horizon_s,
+                    turn_prefill=prompt, output=out, turns=n * turns, decoding=n, kv_per_seq=context,
+                    context=context, in_flight=0)
+        return self.allocator.decide(COLOCATED, load).num_prefill
 
     def present_state(self, view: ClusterView) -> Forecast:
         """The forecast-free view: current decodes held flat; arrivals at the recent rate."""
@@ -115,7 +130,15 @@ class Prorsa:
         w = self.horizon_s / self.bins
         rate = sum(recent) / self.horizon_s
         ones = np.ones(self.bins)
-        return Forecast(view.now, w, ones * rate * w, ones * len(decoding), ones * kv)
+        outs = [o for s in live for o in s.outputs]
+        left = float(np.mean(outs)) if outs else self.priors["output_tokens"].median
+        dtok = np.zeros(self.bins)
+        dtok[0] = left * sum(1 for s in live if s.phase != Phase.TOOL)
+        return Forecast(view.now, w, ones * rate * w, ones * len(decoding), ones * kv, dtok)
+
+    @staticmethod
+    def _recent_mean(values: list, prior: float) -> float:
+        return float(np.mean(values[-1000:])) if values else prior
 
     @staticmethod
     def _roles_for(split: int, n: int) -> list[Role]:

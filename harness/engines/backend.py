@@ -1,0 +1,339 @@
+"""VllmBackend: the rollout's legs as requests to vLLM OpenAI-compatible servers.
+
+Every engine is launched identically with a kv_both connector (ExampleConnector through a shared
+directory on CPU, NixlConnector on GPUs), so a role is only a routing decision: a switch is a drain
+plus a routing change, no restart (as SkyRL does; ../shared/reference/engines.md).
+
+Per turn, on the route the policy chose:
+- colocated: one streamed /v1/completions request on the engine;
+- disaggregated: a prefill leg (`max_tokens: 1`) on the prefill engine, which stores the prompt's KV;
+  then the same prompt, streamed, on the decode engine, which loads that KV instead of computing it
+  (`kv_transfer_params` of the prefill response are passed on, as vLLM's toy proxy does for NIXL).
+Prompts are token ids: a trajectory's prompt is its previous prompt + the ids the server generated
++ fresh random ids for the tool output, so prefix caching sees what a real agent loop produces.
+Output lengths are forced with `ignore_eos` + `max_tokens`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.api import EventKind as K, Role
+from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError
+from harness.engines.server import EnginePool, ServerSpec
+
+NIXL_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                       "remote_block_ids": None, "remote_host": None, "remote_port": None}
+_METRIC = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+eE0-9.naNinf]+)$')
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total",
+            "vllm:external_prefix_cache_queries_total", "vllm:request_success_total",
+            "vllm:generation_tokens_total")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {name or name{source=...}: value}, summed over other labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        src = re.search(r'source="([^"]+)"', labels or "")
+        key = f"{name}{{source={src.group(1)}}}" if src else name
+        if name == "vllm:cache_config_info":
+            size = re.search(r'kv_cache_size_tokens="(\d+)"', labels or "")
+            if size:
+                out["kv_cache_size_tokens"] = float(size.group(1))
+            continue
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def server_specs(cfg: dict, num_engines: int, gpus_per_engine: int = 1, tp: int = 1) -> tuple[list[ServerSpec], str]:
+    """The launch command of every engine (identical but for port, core and NIXL side channel)."""
+    model = cfg.get("model")
+    if not model:
+        from harness.engines.model import tiny_qwen3
+        model = str(tiny_qwen3(dtype=cfg.get("dtype", "float32")))
+    kv_dir = cfg.get("kv_shared_dir") or tempfile.mkdtemp(prefix="prorsa-kv-")
+    log_dir = Path(cfg.get("log_dir") or tempfile.mkdtemp(prefix="prorsa-engines-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    kv = {"kv_connector": cfg.get("kv_connector", "ExampleConnector"), "kv_role": "kv_both",
+          "kv_load_failure_policy": cfg.get("kv_load_failure_policy", "recompute")}
+    if kv["kv_connector"] == "ExampleConnector":
+        kv["kv_connector_extra_config"] = {"shared_storage_path": kv_dir}
+    python = cfg.get("python") or sys.executable
+    cores = os.cpu_count() or 1
+    specs = []
+    for i in range(num_engines):
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                "--served-model-name", cfg.get("served_model_name", "model"), "--port", "{port}",
+                "--dtype", str(cfg.get("dtype", "auto")), "--max-model-len", str(cfg["max_model_len"]),
+                "--kv-transfer-config", json.dumps(kv), "--enable-per-request-metrics",
+                "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+        if cfg.get("skip_tokenizer_init", True):
+            argv.append("--skip-tokenizer-init")
+        if tp > 1:
+            argv += ["--tensor-parallel-size", str(tp)]
+        argv += [str(a) for a in cfg.get("extra_args") or []]
+        env = {k: str(v) for k, v in (cfg.get("env") or {}).items()}
+        if cfg.get("cpu_binding"):
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % cores)
+        if kv["kv_connector"] == "NixlConnector":
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(int(cfg.get("nixl_base_port", 5600)) + i)
+        specs.append(ServerSpec(engine_id=i, argv=argv, env=env, port=int(cfg.get("base_port") or 0) and
+                                int(cfg["base_port"]) + i, log_path=str(log_dir / f"engine{i}.log"),
+                                startup_timeout_s=float(cfg.get("startup_timeout_s", 600)),
+                                num_cpus=float(cfg.get("cpus_per_engine", 1)),
+                                num_gpus=float(gpus_per_engine if cfg.get("gpus", False) else 0)))
+    return specs, kv_dir
+
+
+class VllmBackend(HttpBackendBase):
+    name = "vllm"
+
+    def __init__(self, pool: EnginePool, roles: list[Role], *, served_model_name: str = "model",
+                 kv_connector: str = "ExampleConnector", owns_pool: bool = False, kv_shared_dir: str | None = None,
+                 seed: int = 0, vocab: int = 4096, **kw):
+        if not pool.urls:
+            pool.start()
+        super().__init__(list(pool.urls), roles, **kw)
+        self.pool = pool
+        self.owns_pool = owns_pool
+        self.kv_shared_dir = kv_shared_dir
+        self.model = served_model_name
+        self.nixl = kv_connector == "NixlConnector"
+        self.vocab = vocab
+        self._rng = random.Random(f"{seed}-{os.urandom(8).hex()}")   # fresh ids per run: no stale KV hits
+        self._context: dict[int, list[int]] = {}       # trajectory -> prompt + output ids of its last turn
+        self.metrics_start: list[dict] = []
+        self.metrics_end: list[dict] = []
+
+    @classmethod
+    def from_config(cls, cfg: dict, cluster, roles: list[Role], seed: int = 0) -> "VllmBackend":
+        tp = cluster.parallelism[Role.COLOCATED].tp
+        specs, kv_dir = server_specs(cfg, cluster.num_engines, cluster.gpus_per_engine, tp)
+        ray_cfg = cfg.get("ray") or {}
+        pool = EnginePool(specs, use_ray=bool(ray_cfg.get("enabled", True)), ray_address=ray_cfg.get("address"))
+        try:
+            pool.start()
+        except BaseException:
+            pool.stop()
+            raise
+        return cls(pool, roles, owns_pool=True, kv_shared_dir=kv_dir, seed=seed, **backend_kwargs(cfg))
+
+    # --- prompts --------------------------------------------------------------------------------
+    def _prompt(self, job: Job) -> list[int]:
+        r = job.request
+        ids = list(self._context.get(r.trajectory_id, [])) if r.turn else []
+        if len(ids) > r.prompt_tokens:
+            raise LegError(f"trajectory {r.trajectory_id} turn {r.turn}: context {len(ids)} ids > prompt "
+                           f"{r.prompt_tokens} tokens")
+        ids += [self._rng.randrange(3, self.vocab) for _ in range(r.prompt_tokens - len(ids))]
+        return ids
+
+    def _body(self, ids: list[int], max_tokens: int, stream: bool) -> dict:
+        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True,
+                "temperature": 0.0, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+            body["return_token_ids"] = True
+        return body
+
+    # --- legs -------------------------------------------------------------------------------------
+    async def _serve_turn(self, job: Job) -> None:
+        r, route = job.request, job.route
+        t_ready = self.now()
+        ids = self._prompt(job)
+        if not route.disaggregated:
+            out = await self._stream_leg(job, "colocated", route.prefill_engine, ids, t_ready, None)
+        else:
+            kv_params = await self._prefill_leg(job, ids, t_ready)
+            out = await self._stream_leg(job, "decode", route.decode_engine, ids, self.now(), kv_params)
+        self._context[r.trajectory_id] = ids + out
+        leg = job.legs[-1]
+        self._event(K.DECODE_END, job, leg.engine_id, t=leg.t_done, tokens=len(out))
+
+    async def _prefill_leg(self, job: Job, ids: list[int], t_ready: float) -> dict | None:
+        eid = job.route.prefill_engine
+        leg = self._open_leg(job, "prefill", eid, t_ready)
+        body = self._body(ids, 1, stream=False)
+        if self.nixl:
+            body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
+        url = self.engines[eid].url + "/v1/completions"
+        try:
+            async with self.session.post(url, json=body) as resp:
+                data = await self._read_json(resp, eid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - connection-level: the engine is gone or going
+            raise await self._classify(eid, exc) from exc
+        t_done = self.now()
+        h0 = self.now()
+        leg.t_done = leg.t_first = t_done
+        self._take_usage(leg, data)
+        leg.generated = 1
+        self._event(K.PREFILL_START, job, eid, t=self._sched_time(leg), tokens=max(leg.cached_tokens, 0))
+        self._event(K.PREFILL_END, job, eid, t=t_done, tokens=leg.prompt_tokens - max(leg.cached_tokens, 0))
+        leg.handler_s = self.now() - h0
+        self._close_leg(job, leg, "ok")
+        return data.get("kv_transfer_params")
+
+    async def _stream_leg(self, job: Job, kind: str, eid: int, ids: list[int], t_ready: float,
+                          kv_params: dict | None) -> list[int]:
+        leg = self._open_leg(job, kind, eid, t_ready)
+        body = self._body(ids, job.request.output_tokens, stream=True)
+        if kv_params:
+            body["kv_transfer_params"] = kv_params
+        url = self.engines[eid].url + "/v1/completions"
+        out: list[int] = []
+        usage = None
+        handler = 0.0
+        try:
+            async with self.session.post(url, json=body) as resp:
+                if resp.status != 200:
+                    await self._read_json(resp, eid)
+                async for raw in resp.content:
+                    h0 = self.now()
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        handler += self.now() - h0
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        raise LegError(f"engine {eid}: {chunk['error']}")
+                    for c in chunk.get("choices") or ():
+                        toks = c.get("token_ids") or ()
+                        if toks and math.isnan(leg.t_first):
+                            leg.t_first = h0
+                            self._event(K.DECODE_START, job, eid, t=h0)
+                            self._event(K.FIRST_TOKEN, job, eid, t=h0)
+                        out.extend(toks)
+                        leg.generated = len(out)
+                    if chunk.get("usage"):
+                        usage = chunk
+                    handler += self.now() - h0
+        except (asyncio.CancelledError, LegError, EngineGone):
+            raise
+        except Exception as exc:   # noqa: BLE001
+            raise await self._classify(eid, exc) from exc
+        h0 = self.now()
+        leg.t_done = h0
+        if len(out) != job.request.output_tokens:
+            raise LegError(f"engine {eid}: {len(out)} output tokens, expected {job.request.output_tokens}")
+        if usage is not None:
+            self._take_usage(leg, usage)
+        cached = max(leg.cached_tokens, 0)
+        if kind == "colocated":
+            self._event(K.PREFILL_START, job, eid, t=self._sched_time(leg), tokens=cached)
+            self._event(K.PREFILL_END, job, eid, t=leg.t_first, tokens=leg.prompt_tokens - cached)
+        else:
+            self._event(K.TRANSFER_END, job, eid, t=leg.t_first, tokens=cached)
+        leg.handler_s = handler + self.now() - h0
+        self._close_leg(job, leg, "ok")
+        return out
+
+    def _sched_time(self, leg) -> float:
+        """When the server scheduled the leg, on our clock: first token - server TTFT (else submit)."""
+        ttft = leg.server.get("time_to_first_token_ms")
+        if ttft is None:
+            return leg.t_submit
+        return min(max(leg.t_submit, leg.t_first - ttft / 1000.0), leg.t_first)
+
+    @staticmethod
+    def _take_usage(leg, data: dict) -> None:
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            leg.cached_tokens = int(details["cached_tokens"])
+        leg.server = {k: v for k, v in (data.get("metrics") or {}).items() if not isinstance(v, dict)}
+
+    async def _read_json(self, resp, eid: int) -> dict:
+        if resp.status == 200:
+            return await resp.json(content_type=None)
+        text = (await resp.text())[:500]
+        if resp.status >= 500 and not await self._healthy(eid):
+            raise EngineGone(eid, f"HTTP {resp.status} and /health failing: {text}")
+        raise LegError(f"engine {eid}: HTTP {resp.status}: {text}")
+
+    async def _classify(self, eid: int, exc: BaseException) -> Exception:
+        import aiohttp
+        if isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError)):
+            return EngineGone(eid, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, aiohttp.ClientPayloadError) or not await self._healthy(eid):
+            return EngineGone(eid, f"{type(exc).__name__}: {exc}")
+        return LegError(f"engine {eid}: {type(exc).__name__}: {exc}")
+
+    # --- servers --------------------------------------------------------------------------------
+    async def _restart_server(self, engine_id: int) -> str:
+        return await self.pool.restart(engine_id)
+
+    async def _kill_server(self, engine_id: int) -> None:
+        await self.pool.kill(engine_id)
+
+    async def _scrape(self) -> list[dict]:
+        async def one(e):
+            try:
+                async with self.session.get(e.url + "/metrics") as r:
+                    return parse_metrics(await r.text())
+            except Exception:   # noqa: BLE001
+                return {}
+        return list(await asyncio.gather(*[one(e) for e in self.engines]))
+
+    async def _on_start(self) -> None:
+        self.metrics_start = await self._scrape()
+        for e, m in zip(self.engines, self.metrics_start):
+            if m.get("kv_cache_size_tokens"):
+                e.kv_capacity_tokens = int(m["kv_cache_size_tokens"])
+
+    async def _on_finish(self) -> None:
+        self.metrics_end = await self._scrape()
+
+    def server_counters(self) -> list[dict]:
+        """Per engine: the change of the servers' Prometheus counters over the run (a restart resets
+        the counters: then the value after the restart)."""
+        out = []
+        for e, a, b in zip(self.engines, self.metrics_start, self.metrics_end):
+            row = {"engine_id": e.engine_id, "restarts": e.restarts}
+            for k, v in b.items():
+                if k.startswith("vllm:") and k.endswith("_total") or "_total{" in k:
+                    row[k] = v if e.restarts else v - a.get(k, 0.0)
+            out.append(row)
+        return out
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            if self.owns_pool:
+                self.close()
+
+    def close(self) -> None:
+        """Stop the servers this backend started and remove the shared KV directory."""
+        self.pool.stop()
+        if self.kv_shared_dir:
+            shutil.rmtree(self.kv_shared_dir, ignore_errors=True)
+
+
+def backend_kwargs(cfg: dict) -> dict:
+    """The VllmBackend keyword arguments a backend config sets."""
+    return {"served_model_name": cfg.get("served_model_name", "model"),
+            "kv_connector": cfg.get("kv_connector", "ExampleConnector"),
+            "time_scale": float(cfg.get("time_scale", 1.0)), "switch_time_s": float(cfg.get("switch_time_s", 0.0)),
+            "max_retries": int(cfg.get("max_retries", 3)),
+            "health_interval_s": float(cfg.get("health_interval_s", 2.0)),
+            "vocab": int(cfg.get("vocab", 4096))}

@@ -1,0 +1,79 @@
+"""logger=wandb writes an offline W&B run under the run directory with the config, the summary, the time
+series, the two tables and the results artifact; checked in the run's .wandb file, not by mocking."""
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.experiment import run_experiment
+from tests.conftest import load_config
+
+wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+
+BLOCK, HEADER = 32768, 7       # the .wandb file: a 7-byte header, then LevelDB-log records in 32 KiB blocks
+
+
+def wandb_records(path: Path):
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, pending = HEADER, b""
+    while pos + HEADER <= len(data):
+        if BLOCK - pos % BLOCK < HEADER:          # a block's tail too short for a record header is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        pending += data[pos + HEADER:pos + HEADER + length]
+        pos += HEADER + length
+        if kind in (1, 4):                        # FULL or LAST chunk of a record
+            yield wandb_pb.Record.FromString(pending)
+            pending = b""
+
+
+def test_offline_run_holds_config_summary_timeseries_tables_and_artifact(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb"])
+    summary = run_experiment(cfg, tmp_path, run_name="policy=colocate", group="sweep-1")
+    [run_file] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    records = list(wandb_records(run_file))
+    for _ in range(50):     # wandb's service may still be flushing the file after run.finish() returns
+        if any(r.HasField("exit") for r in records):
+            break
+        time.sleep(0.2)
+        records = list(wandb_records(run_file))
+    kinds = {r.WhichOneof("record_type") for r in records}
+    assert {"run", "history", "summary", "artifact"} <= kinds
+
+    [run] = [r.run for r in records if r.HasField("run")]
+    assert run.run_group == "sweep-1" and run.display_name == "policy=colocate"
+    config_keys = {item.key for item in run.config.update}
+    assert {"policy", "workload", "cluster", "mode", "seed"} <= config_keys
+
+    history = {item.key or "/".join(item.nested_key): item.value_json for r in records if r.HasField("history")
+               for item in r.history.item}
+    assert {"ts/t_s", "ts/prefill_demand_tokens", "ts/decode_requests", "ts/engines_colocated",
+            "ts/waiting_requests"} <= set(history)
+    assert int(history["lifecycle_table/nrows"]) == summary["num_turns"]
+    assert int(history["lifecycle_table/ncols"]) == len(pd.read_parquet(tmp_path / "lifecycle.parquet").columns)
+    assert int(history["engines_table/nrows"]) == len(pd.read_parquet(tmp_path / "engines.parquet"))
+    samples = sum(1 for r in records if r.HasField("history")
+                  and any((i.key or "/".join(i.nested_key)) == "ts/t_s" for i in r.history.item))
+    assert samples >= summary["rollout_time_s"] / cfg.sample_interval_s       # one per simulated second
+
+    summary_keys = {item.key for r in records if r.HasField("summary") for item in r.summary.update}
+    assert {"rollout_time_s", "lower_bound_s", "completed_trajectories"} <= summary_keys
+
+    [artifact] = [r.artifact for r in records if r.HasField("artifact") and r.artifact.type == "results"]
+    assert {e.path for e in artifact.manifest.contents} == {"lifecycle.parquet", "engines.parquet",
+                                                            "timeseries.parquet"}
+    tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/*.table.json"))
+    assert {t.name.split("_table")[0] for t in tables} == {"lifecycle", "engines"}
+    assert (tmp_path / "summary.json").exists()
+
+
+def test_bad_logger_mode_names_the_key(tmp_path):
+    cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb",
+                       "logger.mode=sometimes"])
+    with pytest.raises(ValueError, match="logger.mode='sometimes' is invalid; allowed: offline, online, disabled"):
+        run_experiment(cfg, tmp_path)
+    assert not list(tmp_path.glob("wandb/*"))

@@ -1,0 +1,111 @@
+"""A workload's card: its generated statistics beside the published ones, and a figure.
+
+    python -m workloads.card workload=swe [hydra overrides] [--samples N] [--out DIR]
+                             [--export FILE --steps S]
+
+Draws RL steps until at least N trajectories (default 4000), prints one row per published figure
+in the YAML's `targets` (generated, published, tolerance, ok; tolerances in workloads/stats.py) and
+the generated percentiles of every metric, then writes DIR/<name>.md and DIR/<name>.png (default
+results/cards). `--export FILE` also writes the first S steps (default 1) as a JSONL trace.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from harness.trajectory import TrajectoryScript
+from workloads.stats import METRICS, compare, metric_values, statistic
+from workloads.trace import export_trace
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+SUMMARY_STATS = ("mean", "p10", "p50", "p90", "p99")
+
+
+def build(overrides: list[str]):
+    """The workload that `python run.py <overrides>` would build."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    return instantiate(cfg.workload, seed=cfg.seed)
+
+
+def draw(workload, samples: int) -> list[tuple[TrajectoryScript, str]]:
+    """Trajectories of steps 0, 1, ... until `samples`, each labelled with its turn mode ('all' if none)."""
+    out, step = [], 0
+    while len(out) < samples:
+        out += workload.sample(step) if hasattr(workload, "sample") else [(s, "all") for s in workload.batch(step)]
+        step += 1
+    return out
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def tables(labelled: list[tuple[TrajectoryScript, str]], targets: dict) -> str:
+    scripts = [s for s, _ in labelled]
+    lines = [f"{len(scripts)} trajectories, {sum(len(s.turns) for s in scripts)} turns", "",
+             "| population | metric | stat | generated | published | tolerance | ok |",
+             "|---|---|---|---|---|---|---|"]
+    for r in compare(labelled, targets):
+        lines.append(f"| {r['population']} | {r['metric']} | {r['stat']} | {fmt(r['generated'])} | "
+                     f"{fmt(r['published'])} | {r['tolerance']} | {'yes' if r['ok'] else 'NO'} |")
+    lines += ["", "| metric | " + " | ".join(SUMMARY_STATS) + " |", "|---" * (len(SUMMARY_STATS) + 1) + "|"]
+    for metric in METRICS:
+        values = metric_values(scripts, metric)
+        lines.append(f"| {metric} | " + " | ".join(fmt(statistic(values, s)) for s in SUMMARY_STATS) + " |")
+    return "\n".join(lines)
+
+
+def figure(labelled: list[tuple[TrajectoryScript, str]], title: str, path: Path) -> None:
+    """Histograms (log x) of every metric; matplotlib is imported here so the harness does not need it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scripts = [s for s, _ in labelled]
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
+    for ax, metric in zip(axes.flat, METRICS):
+        values = metric_values(scripts, metric)
+        values = values[values > 0]
+        if len(values):
+            bins = np.geomspace(values.min(), values.max() * 1.001, 40) if values.max() > values.min() else 10
+            ax.hist(values, bins=bins)
+            ax.set_xscale("log")
+        ax.set_title(metric)
+    axes.flat[-1].axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=4000)
+    p.add_argument("--out", default="results/cards")
+    p.add_argument("--export", default=None, help="also write the first --steps steps as a JSONL trace")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--no-figure", action="store_true")
+    args, overrides = p.parse_known_args(argv)
+    workload = build(overrides)
+    labelled = draw(workload, args.samples)
+    text = f"# Workload card: {workload.name}\n\n" + tables(labelled, getattr(workload, "targets", {}))
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{workload.name}.md").write_text(text + "\n")
+    if not args.no_figure:
+        figure(labelled, f"{workload.name}: {len(labelled)} trajectories", out / f"{workload.name}.png")
+    print(f"\nwrote {out / workload.name}.md" + ("" if args.no_figure else f" and {out / workload.name}.png"))
+    if args.export:
+        n = export_trace(workload, args.steps, args.export)
+        print(f"exported {n} trajectories ({args.steps} steps) to {args.export}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

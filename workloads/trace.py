@@ -1,0 +1,185 @@
+"""Trace replay (`workload=trace workload.path=FILE`) and export, in one JSONL format.
+
+One trajectory per line:
+    {"group": 7, "family": "swe",
+     "turns": [{"new_tokens": 1480, "output_tokens": 212, "tool_latency_s": 0.4, "tool_output_tokens": 365},
+               {"new_tokens": 365, "output_tokens": 97, "tool_latency_s": 0.0, "tool_output_tokens": 0}]}
+- `group` (integer or string): the prompt the trajectory samples; lines of one group form a GRPO group.
+- `family` (string): the task family, kept on every turn record.
+- `turns` (non-empty list), each with all four fields: `new_tokens` (integer; the prompt on turn 0,
+  >= 1; after that the tokens appended before the turn, which must equal the previous turn's
+  `tool_output_tokens`), `output_tokens` (integer >= 1), `tool_latency_s` (number >= 0) and
+  `tool_output_tokens` (integer >= 0) of the tool call after the turn (the last turn's are ignored).
+- `max_output_tokens` (integer >= 1, optional): the per-turn cap a request carries.
+No other keys are accepted, so a misspelt field is an error rather than a silent default.
+
+Steps and batches: groups are taken in order of first appearance; all must have the same size (the
+group size). RL step s replays groups s*B .. s*B + B - 1 (B = `batch_size`, by default every group
+in the file, so one file is one step), wrapping around to the start when the file runs out. Ids are
+renumbered as generators number them (step * B*G + index), so replayed ids are unique across steps
+and a trace exported from a generator replays with the same ids.
+
+The whole file is read and checked when the workload is built: a malformed line is rejected with the
+file name, line number and field, before anything is simulated.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from harness.trajectory import TrajectoryScript, TurnScript
+from workloads.base import Workload, group_id, trajectory_id
+
+LINE_KEYS = {"group", "family", "turns", "max_output_tokens"}
+TURN_KEYS = {"new_tokens", "output_tokens", "tool_latency_s", "tool_output_tokens"}
+DEFAULT_MAX_OUTPUT_TOKENS = 32768
+
+
+class TraceError(ValueError):
+    """A malformed trace line; the message names the file, the line and the field."""
+
+
+def expect_int(value, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"{where}: expected an integer >= {low}, got {value!r}")
+    if value < low:
+        raise TraceError(f"{where}: expected an integer >= {low}, got {value}")
+    return value
+
+
+def expect_seconds(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(f"{where}: expected a number >= 0, got {value!r}")
+    if not (value >= 0 and math.isfinite(value)):
+        raise TraceError(f"{where}: expected a finite number >= 0, got {value}")
+    return float(value)
+
+
+def parse_line(obj, where: str) -> tuple[int | str, TrajectoryScript]:
+    """One trace line (already JSON-decoded) to (group key, script with ids 0); `where` is 'file:line'."""
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - LINE_KEYS
+    if unknown:
+        raise TraceError(f"{where}: field {sorted(unknown)[0]!r}: unknown; allowed: {sorted(LINE_KEYS)}")
+    for key in ("group", "family", "turns"):
+        if key not in obj:
+            raise TraceError(f"{where}: field {key!r}: missing")
+    group = obj["group"]
+    if isinstance(group, bool) or not isinstance(group, (int, str)):
+        raise TraceError(f"{where}: field 'group': expected an integer or a string, got {group!r}")
+    if not isinstance(obj["family"], str):
+        raise TraceError(f"{where}: field 'family': expected a string, got {obj['family']!r}")
+    turns = obj["turns"]
+    if not isinstance(turns, list) or not turns:
+        raise TraceError(f"{where}: field 'turns': expected a non-empty list, got {turns!r}")
+    max_out = expect_int(obj.get("max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS),
+                         f"{where}: field 'max_output_tokens'", 1)
+    scripted, previous_tool_output = [], 0
+    for k, turn in enumerate(turns):
+        at = f"{where}: field 'turns[{k}]"
+        if not isinstance(turn, dict):
+            raise TraceError(f"{at}': expected an object, got {turn!r}")
+        missing, unknown = sorted(TURN_KEYS - set(turn)), sorted(set(turn) - TURN_KEYS)
+        if missing:
+            raise TraceError(f"{at}.{missing[0]}': missing")
+        if unknown:
+            raise TraceError(f"{at}.{unknown[0]}': unknown; allowed: {sorted(TURN_KEYS)}")
+        new = expect_int(turn["new_tokens"], f"{at}.new_tokens'", 1 if k == 0 else 0)
+        if k > 0 and new != previous_tool_output:
+            raise TraceError(f"{at}.new_tokens': {new} differs from turns[{k - 1}].tool_output_tokens="
+                             f"{previous_tool_output} (the tokens appended are the previous tool's output)")
+        output = expect_int(turn["output_tokens"], f"{at}.output_tokens'", 1)
+        latency = expect_seconds(turn["tool_latency_s"], f"{at}.tool_latency_s'")
+        previous_tool_output = expect_int(turn["tool_output_tokens"], f"{at}.tool_output_tokens'", 0)
+        last = k == len(turns) - 1
+        scripted.append(TurnScript(new_tokens=new, output_tokens=output, tool_latency_s=0.0 if last else latency))
+    script = TrajectoryScript(trajectory_id=0, group_id=0, family=obj["family"], turns=tuple(scripted),
+                              max_output_tokens=max_out)
+    return group, script
+
+
+def read_trace(path: str | Path) -> list[list[TrajectoryScript]]:
+    """Every group of the file, in order of first appearance; raises TraceError on the first bad line."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    groups: dict[int | str, list[TrajectoryScript]] = {}
+    first_line: dict[int | str, int] = {}
+    with path.open() as f:
+        for lineno, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            key, script = parse_line(obj, where)
+            groups.setdefault(key, []).append(script)
+            first_line.setdefault(key, lineno)
+    if not groups:
+        raise TraceError(f"{path}: no trajectories")
+    sizes = {k: len(v) for k, v in groups.items()}
+    size = next(iter(sizes.values()))
+    for key, n in sizes.items():
+        if n != size:
+            raise TraceError(f"{path}:{first_line[key]}: field 'group': group {key!r} has {n} trajectories, "
+                             f"the first group has {size}; every group must have the same size")
+    return list(groups.values())
+
+
+@dataclass
+class TraceWorkload:
+    path: str
+    name: str = "trace"
+    seed: int = 0                   # accepted like any workload's; a replay draws nothing
+    batch_size: int | None = None   # groups per RL step; None: every group in the file
+    group_size: int = field(init=False)
+    groups: list[list[TrajectoryScript]] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.groups = read_trace(self.path)
+        self.group_size = len(self.groups[0])
+        if self.batch_size is None:
+            self.batch_size = len(self.groups)
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise ValueError(f"workload.batch_size={self.batch_size} is invalid; allowed: an integer >= 1 or null")
+
+    def batch(self, step: int) -> list[TrajectoryScript]:
+        out = []
+        for g in range(self.batch_size):
+            members = self.groups[(step * self.batch_size + g) % len(self.groups)]
+            for i, script in enumerate(members):
+                out.append(replace(script, step=step, group_id=group_id(step, self.batch_size, g),
+                                   trajectory_id=trajectory_id(step, self.batch_size, self.group_size,
+                                                               g * self.group_size + i)))
+        return out
+
+
+def trace_line(script: TrajectoryScript) -> dict:
+    """A script as one line of the trace format."""
+    turns = []
+    for k, t in enumerate(script.turns):
+        turns.append({"new_tokens": t.new_tokens, "output_tokens": t.output_tokens,
+                      "tool_latency_s": t.tool_latency_s, "tool_output_tokens": script.tool_output_tokens(k)})
+    return {"group": script.group_id, "family": script.family, "turns": turns,
+            "max_output_tokens": script.max_output_tokens}
+
+
+def write_trace(path: str | Path, scripts: Iterable[TrajectoryScript]) -> int:
+    """Write scripts as a JSONL trace (in the order given, a group's lines together); returns the count."""
+    n = 0
+    with Path(path).open("w") as f:
+        for script in scripts:
+            f.write(json.dumps(trace_line(script)) + "\n")
+            n += 1
+    return n
+
+
+def export_trace(workload: Workload, num_steps: int, path: str | Path) -> int:
+    """Any generator's first `num_steps` batches as a trace that replays them with batch_size=B."""
+    return write_trace(path, (s for step in range(num_steps) for s in workload.batch(step)))

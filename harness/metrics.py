@@ -3,7 +3,8 @@
 lower_bound_s: no policy can finish faster on this cluster and workload, under the cost model's own
 rates. For a set of trajectories released together it is the larger of
   - the critical path: the slowest trajectory run alone, with a perfect prefix cache (each turn
-    prefills only the tokens appended since the previous turn), on the fastest role parallelism,
+    prefills only the tokens the environment appended: the previous output's KV was written by its
+    decode), on the fastest role parallelism,
     the prefill in one step, the decode at batch 1, plus its tool latencies; and
   - the work bound: all prefill tokens at the best per-engine prefill rate, or all decode tokens at
     the best per-engine decode rate (a full batch at zero context), spread over every engine.
@@ -51,7 +52,7 @@ class LowerBound:
     def critical_path(self, s: TrajectoryScript) -> float:
         t, context = 0.0, 0
         for k, turn in enumerate(s.turns):
-            new = turn.new_tokens + (s.turns[k - 1].output_tokens if k else 0)
+            new = turn.new_tokens   # the previous output's KV was written by its decode
             t += self.prefill_alone(new, context)
             context += new
             t += self.decode_alone(context, turn.output_tokens - 1)
@@ -63,8 +64,7 @@ class LowerBound:
     def bound(self, scripts: list[TrajectoryScript]) -> float:
         if not scripts:
             return 0.0
-        prefill = sum(t.new_tokens + (s.turns[k - 1].output_tokens if k else 0)
-                      for s in scripts for k, t in enumerate(s.turns))
+        prefill = sum(t.new_tokens for s in scripts for t in s.turns)
         decode = sum(t.output_tokens for s in scripts for t in s.turns)
         n = self.cluster.num_engines
         work = max(prefill / (n * self.prefill_rate), decode / (n * self.decode_rate))

@@ -38,3 +38,8 @@ SMALL = ["workload=synthetic", "workload.batch_size=6", "workload.group_size=4",
 @pytest.fixture
 def small():
     return list(SMALL)
+
+
+def cluster_of(overrides: list[str]):
+    cfg = load_config(overrides)
+    return cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))

@@ -104,3 +104,16 @@ def test_sync_steps_and_async_bounds(small):
             in_flight -= 1
             completed += 1
     assert completed == 2 * batch
+
+
+@pytest.mark.parametrize("extra", [["policy=colocate"], ["policy=fixed_pd"], ["policy=prorsa"], ["policy=ppd"],
+                                   ["policy=colocate", "mode=async", "mode.max_in_flight=8"],
+                                   ["policy=fixed_pd", "cluster=moe_h200", "workload=search"],
+                                   ["policy=colocate", "workload=tooluse", "workload.batch_size=4"]])
+def test_no_run_beats_the_lower_bound(small, extra):
+    from harness.metrics import lower_bound_s
+    from tests.conftest import cluster_of
+    overrides = small + extra
+    result, _, _ = simulate(overrides)
+    bound = lower_bound_s(cluster_of(overrides), result.scripts, "async" if "mode=async" in extra else "sync")
+    assert 0 < bound <= result.rollout_time_s * (1 + 1e-9)

@@ -133,9 +133,20 @@ def _policy_order(policies) -> list[str]:
     return sorted(set(policies), key=lambda p: (p != BASELINE, p))
 
 
+def best_fixed(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """The `best_fixed` baseline: of all fixed P:D splits run on the same row and seed, the fastest,
+    chosen in hindsight (needs fixed_pd run with more than one num_prefill)."""
+    fixed = per_seed[per_seed["policy"].str.startswith("fixed_pd[")]
+    if fixed.empty:
+        return fixed
+    best = fixed.loc[fixed.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
+    return best.assign(policy="best_fixed")
+
+
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per run: speedup over colocate with the same row keys and seed (NaN where there is none)."""
     per_seed = df.groupby(ROW_KEYS + ["policy", "seed"], as_index=False)[["rollout_time_s", "efficiency"]].mean()
+    per_seed = pd.concat([per_seed, best_fixed(per_seed)], ignore_index=True)
     base = per_seed[per_seed["policy"] == BASELINE][ROW_KEYS + ["seed", "rollout_time_s"]]
     merged = per_seed.merge(base, on=ROW_KEYS + ["seed"], how="left", suffixes=("", "_base"))
     merged["speedup"] = merged["rollout_time_s_base"] / merged["rollout_time_s"]

@@ -1,0 +1,58 @@
+"""Prorsa's control step at 1000 trajectories in flight: it must cost far less than the control
+interval (2 s). Reported by pytest-benchmark (never asserted against wall time); `extra_info` has the
+ratio of the step's mean time to the control interval."""
+import numpy as np
+from hydra.utils import instantiate
+
+from harness.api import ClusterView, EngineState
+from harness.api import EventKind as K
+from harness.api import LifecycleEvent as E
+from harness.api import Role
+from tests.conftest import cluster_of, load_config
+
+OVERRIDES = ["cluster=moe_h200", "policy=prorsa", "workload=swe"]
+
+
+def policy_with_1000_in_flight():
+    cfg = load_config(OVERRIDES)
+    policy = instantiate(cfg.policy)
+    cluster = cluster_of(OVERRIDES)
+    roles = policy.initial_roles(cluster)
+    rng = np.random.default_rng(0)
+    now = 100.0
+    for tid in range(1000):
+        fam = ["swe", "search"][tid % 2]
+        policy.observe(E(K.TRAJECTORY_START, 0.0, tid, 0, detail=fam))
+        t = 0.0
+        for turn in range(int(rng.integers(1, 6))):   # past turns give the online models data
+            policy.observe(E(K.TURN_READY, t, tid, turn, tokens=int(rng.integers(100, 3000))))
+            policy.observe(E(K.PREFILL_START, t, tid, turn))
+            policy.observe(E(K.PREFILL_END, t + 0.1, tid, turn, engine_id=tid % 8))
+            policy.observe(E(K.DECODE_START, t + 0.1, tid, turn, engine_id=tid % 8))
+            policy.observe(E(K.FIRST_TOKEN, t + 0.2, tid, turn, engine_id=tid % 8))
+            out = int(rng.integers(50, 800))
+            policy.observe(E(K.DECODE_END, t + 0.2 + out * 0.02, tid, turn, engine_id=tid % 8, tokens=out))
+            t += 0.2 + out * 0.02 + float(rng.exponential(2.0))
+            policy.observe(E(K.TOOL_END, t, tid, turn, tokens=int(rng.integers(50, 2000))))
+        phase = tid % 3   # a third each: in a tool call, queued, decoding
+        if phase:
+            policy.observe(E(K.TURN_READY, now - 1, tid, turn + 1, tokens=500))
+        if phase == 2:
+            policy.observe(E(K.PREFILL_START, now - 1, tid, turn + 1))
+            policy.observe(E(K.DECODE_START, now - 0.5, tid, turn + 1, engine_id=tid % 8))
+    engines = [EngineState(engine_id=i, role=r, available=True, gpus=4, waiting_requests=10,
+                           waiting_prefill_tokens=20000, running_requests=100, decoding_requests=90,
+                           kv_used_tokens=500000, kv_capacity_tokens=2000000) for i, r in enumerate(roles)]
+    return policy, ClusterView(now=now, engines=engines)
+
+
+def test_control_step_at_1000_trajectories(benchmark):
+    policy, view = policy_with_1000_in_flight()
+    assert len(policy.tracker.live) == 1000
+    policy._last_switch = -1e9
+    benchmark(policy.plan, view)
+    benchmark.extra_info["control_interval_s"] = policy.control_interval_s
+    if benchmark.stats:
+        benchmark.extra_info["step_over_interval"] = benchmark.stats.stats.mean / policy.control_interval_s
+    fc = policy.forecaster.history[-1]
+    assert fc.decode_seqs[0] > 0 and fc.prefill_tokens.sum() > 0

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every experiment of REPRODUCE.md on the simulator and writes the reference tables and figures.
+#   bash scripts/reproduce.sh [OUT]      (OUT defaults to results/reproduce)
+# Each block is one Hydra multirun; rerunning skips the jobs already complete.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-results/reproduce}
+PY=${PYTHON:-.venv/bin/python}
+POLICIES=colocate,prorsa,reactive_pd,ppd,oracle_pd
+sweep() { "$PY" run.py -m hydra.sweep.dir="$OUT/$1" "${@:2}"; }
+
+for exp in search swe tooluse; do
+  for mode in sync async; do
+    extra=()
+    [ "$mode" = async ] && extra=(mode=async mode.num_steps=2 "mode.max_in_flight=256")
+    sweep "$exp-$mode" +experiment=$exp policy=$POLICIES "${extra[@]}"
+    sweep "$exp-$mode" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 "${extra[@]}"
+  done
+done
+for exp in drift heavy_prefill; do
+  sweep "$exp" +experiment=$exp policy=$POLICIES
+  sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7
+done
+# Ablations on the prefill-heavy setting: forecasting off, role switching off, horizon, switch cost.
+sweep ablations +experiment=heavy_prefill policy=prorsa policy.forecast=true,false policy.switching=true,false
+sweep ablations +experiment=heavy_prefill policy=prorsa policy.horizon_s=5,10,40
+sweep ablations +experiment=heavy_prefill policy=prorsa cluster.switch_time_s=1,30 cluster.reshard_switch_time_s=10,120
+"$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
+  "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
+"$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"

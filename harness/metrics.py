@@ -32,6 +32,7 @@ class LowerBound:
                                                                prefill_kv_read=budget)]
                                                     + [RankBatch()] * (m.par.dp - 1))
                                 for m in self.models)
+        self._extend(1 << 16)
         seqs = cluster.max_num_seqs
         self.decode_rate = max(
             seqs * m.par.dp / float(m.decode_step_times(np.full(m.par.dp, seqs), np.zeros(m.par.dp), 1)[0])
@@ -43,11 +44,20 @@ class LowerBound:
                                + [RankBatch()] * (m.par.dp - 1)) for m in self.models)
 
     def decode_alone(self, context: int, steps: int) -> float:
+        """Batch-1 decode of `steps` tokens from `context`: a difference of cumulative step times."""
         if steps <= 0:
             return 0.0
-        return min(float(m.decode_step_times(np.array([1] + [0] * (m.par.dp - 1)),
-                                             np.array([context] + [0] * (m.par.dp - 1)), steps).sum())
-                   for m in self.models)
+        end = context + steps
+        if end >= len(self._cumulative[0]):
+            self._extend(2 * end)
+        return min(float(c[end] - c[context]) for c in self._cumulative)
+
+    def _extend(self, length: int) -> None:
+        self._cumulative = []
+        for m in self.models:
+            one = np.array([1] + [0] * (m.par.dp - 1))
+            times = m.decode_step_times(one, np.zeros(m.par.dp), length)   # context j at step j
+            self._cumulative.append(np.concatenate(([0.0], np.cumsum(times))))
 
     def critical_path(self, s: TrajectoryScript) -> float:
         t, context = 0.0, 0

@@ -258,6 +258,9 @@ class HttpBackendBase:
     async def _serve_turn(self, job: Job) -> None:
         raise NotImplementedError
 
+    async def _on_drain_start(self, e: EngineRuntime, role: Role) -> None:
+        """When a switch begins, before the drain (SGLang: leave the router)."""
+
     async def _apply_switch(self, e: EngineRuntime, role: Role) -> None:
         """What a switch does on the server; vLLM with kv_both: nothing (routing only)."""
 
@@ -485,6 +488,7 @@ class HttpBackendBase:
 
     async def _switch(self, e: EngineRuntime) -> None:
         """Drain (the engine takes no new legs; its running and inbound legs finish), switch, rejoin."""
+        await self._on_drain_start(e, e.target_role)
         while not e.idle() and not e.failed:
             e.drained = asyncio.Event()
             await e.drained.wait()

@@ -91,8 +91,11 @@ class ServerProcess:
         raise TimeoutError(f"engine {self.spec.engine_id}: no /health after {self.spec.startup_timeout_s} s; "
                            f"log {self.spec.log_path}:\n{self.log_tail()}")
 
-    def restart(self) -> str:
+    def restart(self, argv: list[str] | None = None) -> str:
+        """Kill and start again (with a new command, e.g. another SGLang disaggregation mode)."""
         self.kill()
+        if argv is not None:
+            self.spec.argv = list(argv)
         return self.start()
 
     def kill(self) -> None:
@@ -185,8 +188,8 @@ class EnginePool:
                 self.urls = list(ex.map(lambda s: s.start(), self.servers))
         return self.urls
 
-    async def restart(self, i: int) -> str:
-        self.urls[i] = await self._acall(i, "restart")
+    async def restart(self, i: int, argv: list[str] | None = None) -> str:
+        self.urls[i] = await self._acall(i, "restart", argv)
         return self.urls[i]
 
     async def kill(self, i: int) -> None:

@@ -55,6 +55,7 @@ class Rank:
     capacity: int
     waiting: deque = field(default_factory=deque)
     running: dict = field(default_factory=dict)     # admit_seq -> SimRequest, admission order
+    prefilling: dict = field(default_factory=dict)  # the running requests still prefilling, same order
     cache: OrderedDict = field(default_factory=OrderedDict)   # trajectory_id -> tokens, LRU first
     cache_tokens: int = 0
     kv_used: int = 0
@@ -229,6 +230,7 @@ class SimEngine:
                 self.backend.start_transfer(s, need - local)
             else:
                 s.state = "prefilling"
+                r.prefilling[s.admit_seq] = s
                 s.prefilled = 0
                 r.pending_prefill -= local
 
@@ -265,6 +267,7 @@ class SimEngine:
             r.ready.remove(s)
         extra = 0
         if s.state == "prefilling":
+            del r.prefilling[s.admit_seq]
             extra = s.prefilled
             r.pending_prefill -= s.target - s.computed
         r.kv_used -= held
@@ -317,11 +320,9 @@ class SimEngine:
             b = RankBatch(decode_seqs=r.decode_n, decode_ctx=r.decode_ctx, requests=r.decode_n)
             budget = self.cfg.max_num_batched_tokens - r.decode_n
             rank_chunks = []
-            for s in r.running.values():
+            for s in r.prefilling.values():
                 if budget <= 0:
                     break
-                if s.state != "prefilling":
-                    continue
                 c = min(s.target - s.computed, budget)
                 budget -= c
                 p = s.computed
@@ -355,7 +356,7 @@ class SimEngine:
             return 0
         steps = None
         for r in self.ranks:
-            if r.first_token_due or any(s.state == "prefilling" for s in r.running.values()):
+            if r.first_token_due or r.prefilling:
                 return 0
             if r.waiting and len(r.running) < self.cfg.max_num_seqs:
                 return 0  # the head is blocked only by memory, which a span never frees
@@ -421,6 +422,7 @@ class SimEngine:
 
     def _prefill_done(self, r: Rank, s: SimRequest) -> None:
         emit = self.backend.emit
+        del r.prefilling[s.admit_seq]
         emit(EventKind.PREFILL_END, s, self.id, tokens=s.prefilled)
         if s.kind == PREFILL:
             del r.running[s.admit_seq]

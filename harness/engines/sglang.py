@@ -1,0 +1,231 @@
+"""SGLangBackend: the rollout's legs on SGLang servers in PD mode, with run-time role switching.
+
+NOT RUN on real SGLang here: SGLang needs CUDA (PyPI) or a source build on AMX Xeons; the development
+machines have neither. Its test (tests/test_sglang_stub.py) runs it against a STUB HTTP server that
+records the calls. Protocol from ../shared/reference/engines.md:
+
+- Servers: `python -m sglang.launch_server --disaggregation-mode prefill|decode
+  --disaggregation-transfer-backend <b> --disaggregation-bootstrap-port <p> --enable-pd-role-switch`.
+  Colocated engines are launched with `--disaggregation-mode null` and cannot switch (PR #28403 switches
+  only between prefill and decode, plain TP only).
+- Legs: the policy picks both engines, so a turn is sent as mini_lb does: the same /generate request
+  (input_ids, max_new_tokens, ignore_eos) to the prefill and the decode engine at once, with
+  bootstrap_host/bootstrap_port of the prefill engine and a random 63-bit bootstrap_room.
+- Router (sglang_router, `--pd-disaggregation`): membership follows the roles (POST /workers
+  {url, worker_type, bootstrap_port}, DELETE /workers/{id}), for clients that go through it.
+- Role switch: DELETE the worker from the router -> drain (no new legs; in-flight ones finish) ->
+  POST /pd_role_switch {"new_role"} -> POST /workers with the new type. A failed switch marks the
+  instance unhealthy: it is restarted with the new role (when this backend launched it).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from urllib.parse import urlparse
+
+from harness.api import EventKind as K, Role
+from harness.engines.base import EngineGone, EngineRuntime, HttpBackendBase, Job, LegError
+from harness.engines.server import EnginePool, ServerSpec
+
+
+def sglang_argv(cfg: dict, role: Role, bootstrap_port: int, tp: int) -> list[str]:
+    mode = "null" if role == Role.COLOCATED else role.value
+    argv = [cfg.get("python") or sys.executable, "-m", "sglang.launch_server", "--model-path", str(cfg["model"]),
+            "--host", "0.0.0.0", "--port", "{port}", "--tp-size", str(tp), "--disaggregation-mode", mode,
+            "--enable-metrics"]
+    if role != Role.COLOCATED:
+        argv += ["--disaggregation-transfer-backend", cfg.get("transfer_backend", "mooncake"),
+                 "--disaggregation-bootstrap-port", str(bootstrap_port), "--enable-pd-role-switch"]
+    return argv + [str(a) for a in cfg.get("extra_args") or []]
+
+
+class SGLangBackend(HttpBackendBase):
+    name = "sglang"
+
+    def __init__(self, urls: list[str], roles: list[Role], *, router_url: str | None, bootstrap_ports: list[int],
+                 pool: EnginePool | None = None, argv_for=None, vocab: int = 4096, seed: int = 0, **kw):
+        super().__init__(urls, roles, **kw)
+        self.router_url = router_url.rstrip("/") if router_url else None
+        self.bootstrap_ports = bootstrap_ports
+        self.pool = pool
+        self._argv_for = argv_for          # (engine_id, role) -> argv, to relaunch with another role
+        self.vocab = vocab
+        self._rng = random.Random(seed)
+        self._context: dict[int, list[int]] = {}
+        self.worker_ids: dict[int, str] = {}
+        self.router_calls: list[tuple] = []   # (method, path, body) sent to the router
+
+    @classmethod
+    def from_config(cls, cfg: dict, cluster, roles: list[Role]) -> "SGLangBackend":
+        n = cluster.num_engines
+        base_bp = int(cfg.get("bootstrap_base_port", 8998))
+        bps = [base_bp + i for i in range(n)]
+        kw = dict(time_scale=float(cfg.get("time_scale", 1.0)), switch_time_s=float(cfg.get("switch_time_s", 0.0)),
+                  max_retries=int(cfg.get("max_retries", 3)), health_interval_s=float(cfg.get("health_interval_s", 5.0)),
+                  vocab=int(cfg.get("vocab", 4096)))
+        if cfg.get("urls"):                       # servers started elsewhere (or the test STUB)
+            if len(cfg["urls"]) != n:
+                raise ValueError(f"backend.urls has {len(cfg['urls'])} entries; cluster.num_engines={n}")
+            return cls(list(cfg["urls"]), roles, router_url=cfg.get("router_url"),
+                       bootstrap_ports=list(cfg.get("bootstrap_ports") or bps), **kw)
+        tp = cluster.parallelism[Role.PREFILL].tp
+
+        def argv_for(i: int, role: Role) -> list[str]:
+            return sglang_argv(cfg, role, bps[i], tp)
+        specs = [ServerSpec(engine_id=i, argv=argv_for(i, roles[i]), port=int(cfg.get("base_port", 30000)) + i,
+                            log_path=f"{cfg.get('log_dir') or '/tmp'}/sglang_engine{i}.log",
+                            startup_timeout_s=float(cfg.get("startup_timeout_s", 1200)),
+                            num_gpus=float(cluster.gpus_per_engine)) for i in range(n)]
+        ray_cfg = cfg.get("ray") or {}
+        pool = EnginePool(specs, use_ray=bool(ray_cfg.get("enabled", True)), ray_address=ray_cfg.get("address"))
+        pool.start()
+        return cls(pool.urls, roles, router_url=cfg.get("router_url"), bootstrap_ports=bps, pool=pool,
+                   argv_for=argv_for, **kw)
+
+    # --- router membership ----------------------------------------------------------------------
+    async def _router(self, method: str, path: str, body: dict | None = None) -> dict:
+        if not self.router_url:
+            return {}
+        self.router_calls.append((method, path, body))
+        async with self.session.request(method, self.router_url + path, json=body) as r:
+            text = await r.text()
+            if r.status >= 300:
+                raise RuntimeError(f"router {method} {path}: HTTP {r.status}: {text[:300]}")
+            try:
+                return await r.json(content_type=None)
+            except ValueError:
+                return {}
+
+    async def _register(self, e: EngineRuntime) -> None:
+        body = {"url": e.url, "worker_type": "regular" if e.role == Role.COLOCATED else e.role.value}
+        if e.role == Role.PREFILL:
+            body["bootstrap_port"] = self.bootstrap_ports[e.engine_id]
+        data = await self._router("POST", "/workers", body)
+        self.worker_ids[e.engine_id] = str(data.get("worker_id") or data.get("id") or e.url)
+
+    async def _deregister(self, e: EngineRuntime) -> None:
+        wid = self.worker_ids.pop(e.engine_id, None)
+        if wid is not None:
+            from urllib.parse import quote
+            await self._router("DELETE", f"/workers/{quote(wid, safe='')}")
+
+    async def _on_start(self) -> None:
+        if self.router_url and not self.worker_ids:
+            for e in self.engines:
+                await self._register(e)
+
+    # --- switches ---------------------------------------------------------------------------------
+    def _check_switch(self, e: EngineRuntime, role: Role) -> None:
+        if Role.COLOCATED in (e.role, role):
+            raise ValueError(f"engine {e.engine_id}: SGLang switches roles only between prefill and decode "
+                             f"(PR #28403); asked {e.role.value}->{role.value}")
+
+    async def _on_drain_start(self, e: EngineRuntime, role: Role) -> None:
+        await self._deregister(e)
+
+    async def _apply_switch(self, e: EngineRuntime, role: Role) -> None:
+        ok = False
+        try:
+            async with self.session.post(e.url + "/pd_role_switch", json={"new_role": role.value}) as r:
+                ok = r.status == 200
+                detail = (await r.text())[:300]
+        except Exception as exc:   # noqa: BLE001
+            detail = repr(exc)
+        if not ok:   # a failed switch leaves the instance unhealthy: relaunch it with the new role
+            if self.pool is None:
+                raise RuntimeError(f"engine {e.engine_id}: /pd_role_switch failed ({detail}) and the server "
+                                   "was not launched by this backend, so it cannot be restarted")
+            e.url = await self.pool.restart(e.engine_id, self._argv_for(e.engine_id, role))
+        e.role = role
+        await self._register(e)
+
+    async def _restart_server(self, engine_id: int) -> str:
+        if self.pool is None:
+            raise RuntimeError(f"engine {engine_id} failed and was not launched by this backend")
+        e = self.engines[engine_id]
+        await self._deregister(e)
+        url = await self.pool.restart(engine_id, self._argv_for(engine_id, e.target_role or e.role))
+        e.url = url
+        await self._register(e)
+        return url
+
+    async def _kill_server(self, engine_id: int) -> None:
+        if self.pool is not None:
+            await self.pool.kill(engine_id)
+
+    # --- legs -------------------------------------------------------------------------------------
+    async def _serve_turn(self, job: Job) -> None:
+        r, route = job.request, job.route
+        t_ready = self.now()
+        ids = list(self._context.get(r.trajectory_id, [])) if r.turn else []
+        ids += [self._rng.randrange(3, self.vocab) for _ in range(r.prompt_tokens - len(ids))]
+        body = {"input_ids": ids, "stream": False,
+                "sampling_params": {"max_new_tokens": r.output_tokens, "ignore_eos": True, "temperature": 0.0}}
+        if not route.disaggregated:
+            leg = self._open_leg(job, "colocated", route.prefill_engine, t_ready)
+            data = await self._post(route.prefill_engine, body)
+            leg.t_done = leg.t_first = self.now()
+            self._account(job, leg, data, colocated=True)
+            out = data.get("output_ids") or []
+        else:
+            p, d = self.engines[route.prefill_engine], self.engines[route.decode_engine]
+            body = {**body, "bootstrap_host": urlparse(p.url).hostname,
+                    "bootstrap_port": self.bootstrap_ports[p.engine_id], "bootstrap_room": self._rng.getrandbits(63)}
+            pleg = self._open_leg(job, "prefill", p.engine_id, t_ready)
+            dleg = self._open_leg(job, "decode", d.engine_id, t_ready)
+
+            async def prefill():
+                data = await self._post(p.engine_id, body)
+                pleg.t_done = pleg.t_first = self.now()
+                self._account(job, pleg, data, colocated=False)
+            pdone = asyncio.ensure_future(prefill())
+            try:
+                ddata = await self._post(d.engine_id, body)
+                await pdone
+            finally:
+                if not pdone.done():
+                    pdone.cancel()
+            dleg.t_done = dleg.t_first = self.now()
+            meta = ddata.get("meta_info") or {}
+            dleg.cached_tokens = int(meta.get("cached_tokens", 0))
+            dleg.server = {k: v for k, v in meta.items() if isinstance(v, (int, float))}
+            self._event(K.TRANSFER_END, job, d.engine_id, t=pleg.t_done, tokens=r.prompt_tokens)
+            self._event(K.DECODE_START, job, d.engine_id, t=pleg.t_done)
+            self._event(K.FIRST_TOKEN, job, d.engine_id, t=pleg.t_done)
+            out = ddata.get("output_ids") or []
+            dleg.generated = len(out)
+            self._close_leg(job, dleg, "ok")
+            leg = dleg
+        if len(out) != r.output_tokens:
+            raise LegError(f"engine {leg.engine_id}: {len(out)} output ids, expected {r.output_tokens}")
+        self._context[r.trajectory_id] = ids + list(out)
+        self._event(K.DECODE_END, job, leg.engine_id, t=leg.t_done, tokens=len(out))
+
+    def _account(self, job: Job, leg, data: dict, colocated: bool) -> None:
+        meta = data.get("meta_info") or {}
+        leg.cached_tokens = int(meta.get("cached_tokens", 0))
+        leg.server = {k: v for k, v in meta.items() if isinstance(v, (int, float))}
+        self._event(K.PREFILL_START, job, leg.engine_id, t=leg.t_submit, tokens=leg.cached_tokens)
+        self._event(K.PREFILL_END, job, leg.engine_id, tokens=leg.prompt_tokens - leg.cached_tokens)
+        if colocated:
+            out = data.get("output_ids") or []
+            leg.generated = len(out)
+            self._event(K.DECODE_START, job, leg.engine_id)   # non-streamed: known only at the end
+            self._event(K.FIRST_TOKEN, job, leg.engine_id)
+        self._close_leg(job, leg, "ok")
+
+    async def _post(self, eid: int, body: dict) -> dict:
+        import aiohttp
+        try:
+            async with self.session.post(self.engines[eid].url + "/generate", json=body) as resp:
+                if resp.status == 200:
+                    return await resp.json(content_type=None)
+                text = (await resp.text())[:300]
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+            raise EngineGone(eid, f"{type(exc).__name__}: {exc}") from exc
+        if not await self._healthy(eid):
+            raise EngineGone(eid, f"HTTP {resp.status} and /health failing: {text}")
+        raise LegError(f"engine {eid}: HTTP {resp.status}: {text}")

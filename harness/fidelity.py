@@ -1,0 +1,198 @@
+"""Fidelity: the simulator's error against real runs of the same workload, seed and policy.
+
+Why: a simulator is only worth its error (issue 7; Vidur, Frontier and LLMServingSim each report theirs).
+For each policy this runs the rollout twice, on a real backend and on the simulator with the calibrated
+profile (harness/perf/calibrate.py), through the same `run_experiment` so both write the usual result
+files, then compares them:
+
+    python -m harness.fidelity profile=results/calibration/vllm_cpu.json \
+        policies=colocate,fixed_pd:num_prefill=1,prorsa:control_interval_s=1:min_dwell_s=5 \
+        out=results/fidelity/cpu +experiment=vllm_cpu_search backend.python=/work/vllmlab/venv/bin/python
+    python -m harness.fidelity compare=results/fidelity/cpu        # recompute errors + figure from files
+
+Errors are signed relative errors (sim - real) / real of: rollout time; per-turn latency p50/p90/p99
+(prompt ready to last token, harness.metrics); the per-turn latency of the same (trajectory, turn) in
+both runs (median absolute error); and of the role timeline: the fraction of the rollout (on a time axis
+normalised by each run's rollout time) in which an engine's role differs, averaged over engines, and the
+difference in the number of role switches.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+POLICIES = ("colocate", "fixed_pd", "prorsa")
+TIMELINE_POINTS = 1000   # samples of the normalised time axis for the role comparison
+
+
+@dataclass(frozen=True)
+class FidelityErrors:
+    policy: str
+    rollout_time_real_s: float
+    rollout_time_sim_s: float
+    rollout_time_err: float
+    p50_err: float
+    p90_err: float
+    p99_err: float
+    p50_real_s: float
+    p50_sim_s: float
+    turn_median_abs_err: float      # median over turns of |sim - real| / real, same (trajectory, turn)
+    turn_mean_signed_err: float
+    role_mismatch: float            # fraction of normalised rollout time with a different role, engine mean
+    switches_real: int
+    switches_sim: int
+    turns_matched: int
+
+
+def _rel(sim: float, real: float) -> float:
+    return (sim - real) / real if real else float("nan")
+
+
+def turn_latencies(lifecycle: pd.DataFrame) -> pd.Series:
+    """Per-turn latency (prompt ready -> last token), indexed by (trajectory_id, turn)."""
+    done = lifecycle.dropna(subset=["t_decode_end"])
+    return (done["t_decode_end"] - done["t_ready"]).set_axis(pd.MultiIndex.from_frame(done[["trajectory_id", "turn"]]))
+
+
+def role_at(engines: pd.DataFrame, engine_id: int, t: np.ndarray) -> np.ndarray:
+    """The role of one engine at times t (the role of the interval that holds t; the last one past the end)."""
+    e = engines[engines["engine_id"] == engine_id].sort_values("t_start")
+    idx = np.searchsorted(e["t_start"].to_numpy(), t, side="right") - 1
+    return e["role"].to_numpy()[np.clip(idx, 0, len(e) - 1)]
+
+
+def switches(engines: pd.DataFrame) -> int:
+    n = 0
+    for _, e in engines.sort_values("t_start").groupby("engine_id"):
+        roles = e["role"].to_numpy()
+        n += int((roles[1:] != roles[:-1]).sum())
+    return n
+
+
+def role_mismatch(real: pd.DataFrame, sim: pd.DataFrame, t_real: float, t_sim: float) -> float:
+    u = (np.arange(TIMELINE_POINTS) + 0.5) / TIMELINE_POINTS
+    ids = sorted(set(real["engine_id"]) | set(sim["engine_id"]))
+    return float(np.mean([np.mean(role_at(real, i, u * t_real) != role_at(sim, i, u * t_sim)) for i in ids]))
+
+
+def compare(policy: str, real_life: pd.DataFrame, sim_life: pd.DataFrame, real_eng: pd.DataFrame,
+            sim_eng: pd.DataFrame, t_real: float, t_sim: float) -> FidelityErrors:
+    """The errors of one policy's simulated run against its real run (module docstring)."""
+    lr, ls = turn_latencies(real_life), turn_latencies(sim_life)
+    pr, ps = np.percentile(lr, [50, 90, 99]), np.percentile(ls, [50, 90, 99])
+    both = lr.index.intersection(ls.index)
+    per_turn = (ls[both] - lr[both]) / lr[both]
+    return FidelityErrors(
+        policy=policy, rollout_time_real_s=t_real, rollout_time_sim_s=t_sim, rollout_time_err=_rel(t_sim, t_real),
+        p50_err=_rel(ps[0], pr[0]), p90_err=_rel(ps[1], pr[1]), p99_err=_rel(ps[2], pr[2]),
+        p50_real_s=float(pr[0]), p50_sim_s=float(ps[0]),
+        turn_median_abs_err=float(np.median(np.abs(per_turn))) if len(both) else float("nan"),
+        turn_mean_signed_err=float(np.mean(per_turn)) if len(both) else float("nan"),
+        role_mismatch=role_mismatch(real_eng, sim_eng, t_real, t_sim),
+        switches_real=switches(real_eng), switches_sim=switches(sim_eng), turns_matched=len(both))
+
+
+def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
+    t = [json.loads((d / "summary.json").read_text())["rollout_time_s"] for d in (real_dir, sim_dir)]
+    return compare(policy, pd.read_parquet(real_dir / "lifecycle.parquet"), pd.read_parquet(sim_dir / "lifecycle.parquet"),
+                   pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"), t[0], t[1])
+
+
+def plot(out: Path, policies: list[str]) -> Path | None:
+    """Simulated against measured per-turn latency, one panel per policy (y = x is a perfect simulator)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no figure (run `python -m harness.fidelity compare=DIR` where it is)")
+        return None
+    fig, axes = plt.subplots(1, len(policies), figsize=(4.2 * len(policies), 4), squeeze=False)
+    for ax, p in zip(axes[0], policies):
+        lr = turn_latencies(pd.read_parquet(out / p / "real" / "lifecycle.parquet"))
+        ls = turn_latencies(pd.read_parquet(out / p / "sim" / "lifecycle.parquet"))
+        both = lr.index.intersection(ls.index)
+        ax.scatter(lr[both], ls[both], s=12, alpha=0.7, label="turns")
+        qr, qs = np.percentile(lr, [50, 90, 99]), np.percentile(ls, [50, 90, 99])
+        ax.scatter(qr, qs, marker="x", s=60, color="red", label="p50/p90/p99")
+        lim = [0, 1.05 * max(lr.max(), ls.max())]
+        ax.plot(lim, lim, "k--", lw=1)
+        ax.set(xlim=lim, ylim=lim, xlabel="measured turn latency (s)", ylabel="simulated turn latency (s)", title=p)
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path = out / "fidelity_turn_latency.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def report(out: Path, policies: list[str]) -> list[FidelityErrors]:
+    errs = [compare_dirs(p, out / p / "real", out / p / "sim") for p in policies
+            if (out / p / "real" / "summary.json").exists() and (out / p / "sim" / "summary.json").exists()]
+    (out / "fidelity.json").write_text(json.dumps([asdict(e) for e in errs], indent=1) + "\n")
+    print(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
+          f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s}")
+    for e in errs:
+        print(f"{e.policy:10s} {e.rollout_time_real_s:8.2f} {e.rollout_time_sim_s:8.2f} {e.rollout_time_err:+7.1%} "
+              f"{e.p50_err:+8.1%} {e.p90_err:+8.1%} {e.p99_err:+8.1%} {e.turn_median_abs_err:8.1%} "
+              f"{e.role_mismatch:6.1%} {e.switches_real:3d}/{e.switches_sim:<3d}")
+    plot(out, [e.policy for e in errs])
+    return errs
+
+
+def sim_overrides(profile_path: str) -> list[str]:
+    """The simulator's side of a fidelity run: the calibrated profile and KV-transfer constants."""
+    prof = json.loads(Path(profile_path).read_text())
+    over = {**prof.get("cluster_overrides", {}), "cluster.cost_model": "profiled", "cluster.profile": profile_path}
+    return ["backend=sim", *(f"{k}={v}" for k, v in over.items())]
+
+
+def policy_overrides(spec: str) -> tuple[str, list[str]]:
+    """`fixed_pd:num_prefill=1:...` -> ("fixed_pd", ["policy=fixed_pd", "policy.num_prefill=1", ...])."""
+    name, *kv = spec.split(":")
+    return name, [f"policy={name}", *(f"policy.{x}" for x in kv)]
+
+
+def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed: int = 0) -> list[FidelityErrors]:
+    from harness.experiment import run_experiment
+    from harness.perf.calibrate import compose_config
+    names = []
+    for spec in policies:
+        p, pol = policy_overrides(spec)
+        names.append(p)
+        base = [*overrides, *pol, f"seed={seed}"]
+        for side, extra in (("real", []), ("sim", sim_overrides(profile))):
+            d = out / p / side
+            if (d / "summary.json").exists():
+                print(f"{p}/{side}: done before, kept")
+                continue
+            cfg = compose_config([*base, *extra])
+            print(f"{p}/{side}: backend={cfg.backend.name}", flush=True)
+            run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
+    return report(out, names)
+
+
+def main(argv: list[str] | None = None) -> None:
+    own = {"profile": None, "policies": ",".join(POLICIES), "out": "results/fidelity/run", "compare": None, "seed": "0"}
+    rest = []
+    for a in (sys.argv[1:] if argv is None else argv):
+        k, _, v = a.partition("=")
+        if k in own:
+            own[k] = v
+        else:
+            rest.append(a)
+    if own["compare"]:
+        d = Path(own["compare"])
+        report(d, [p for p in (policy_overrides(s)[0] for s in own["policies"].split(",")) if (d / p).exists()])
+        return
+    if not own["profile"]:
+        raise ValueError("profile=FILE is required (python -m harness.perf.calibrate writes one)")
+    run(own["profile"], own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]))
+
+
+if __name__ == "__main__":
+    main()

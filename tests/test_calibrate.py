@@ -1,0 +1,156 @@
+"""Calibration and fidelity, without engines or GPUs: the fits recover known coefficients, the profile
+file round-trips into the simulator, and fidelity's errors come out right on hand-made runs."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.fidelity import compare, role_mismatch, switches
+from harness.perf.calibrate import (StepMeasurement, fit_kv_transfer, fit_roofline, measurements_from_profile,
+                                    profile_from_measurements, profiled_errors, read_profile, write_profile)
+from harness.perf.catalogue import gpu_catalogue, model_catalogue, perf_defaults
+from harness.perf.profiled import ProfiledCostModel, fit_profile
+from harness.perf.roofline import Parallelism, PerfConstants, RooflineCostModel
+
+# Known constants, deliberately away from perf.yaml's defaults (the fit starts from those).
+TRUE = replace(PerfConstants(**perf_defaults()), gemm_mfu=0.55, attn_mfu=0.35, mem_efficiency=0.65,
+               overhead_per_step_s=300e-6, overhead_per_request_s=7e-6, overhead_per_layer_s=15e-6)
+
+
+def grid() -> list[StepMeasurement]:
+    """Steps that see every coefficient: small decode batches (memory-bound), large prefills
+    (GEMM-bound), long cached contexts (attention-bound), decode-only vs prefill steps (layer overhead)."""
+    out = [StepMeasurement(0.0, decode_batch=b, decode_context=c) for b in (1, 8, 64, 256) for c in (512, 8192)]
+    out += [StepMeasurement(0.0, prefill_new=n, prefill_cached=c) for n in (16, 512, 2048, 8192)
+            for c in (0, 4096, 32768)]
+    out += [StepMeasurement(0.0, prefill_new=1024, prefill_cached=0, decode_batch=32, decode_context=2048)]
+    return out
+
+
+def synthetic(model, gpu, par, perf, noise: float = 0.0, seed: int = 0) -> list[StepMeasurement]:
+    truth = RooflineCostModel(model, gpu, perf, par)
+    rng = np.random.default_rng(seed)
+    return [replace(m, seconds=truth.step_time([m.rank_batch()]) * (1 + noise * rng.standard_normal()))
+            for m in grid()]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fit_roofline_recovers_known_coefficients(tp):
+    model, gpu, par = model_catalogue()["qwen3_8b"], gpu_catalogue()["h100"], Parallelism(tp=tp)
+    fit = fit_roofline(synthetic(model, gpu, par, TRUE), model, gpu, par)
+    for key in ("gemm_mfu", "attn_mfu", "mem_efficiency", "overhead_per_step_s", "overhead_per_request_s",
+                "overhead_per_layer_s"):
+        assert getattr(fit.perf, key) == pytest.approx(getattr(TRUE, key), rel=1e-6), key
+    assert fit.rel_rmse < 1e-9
+    assert fit.regimes["compute"] and fit.regimes["memory"]   # the grid saw both sides of the roofline
+
+
+def test_fit_roofline_with_noise_stays_close():
+    model, gpu, par = model_catalogue()["qwen3_8b"], gpu_catalogue()["h100"], Parallelism()
+    fit = fit_roofline(synthetic(model, gpu, par, TRUE, noise=0.01), model, gpu, par)
+    for key in ("gemm_mfu", "attn_mfu", "mem_efficiency"):
+        assert getattr(fit.perf, key) == pytest.approx(getattr(TRUE, key), rel=0.05), key
+    assert fit.rel_rmse < 0.02
+
+
+def test_fit_roofline_refuses_moe():
+    model, gpu = model_catalogue()["qwen3_30b_a3b"], gpu_catalogue()["h200"]
+    with pytest.raises(NotImplementedError):
+        fit_roofline([StepMeasurement(1e-3, decode_batch=1, decode_context=10)], model, gpu, Parallelism())
+
+
+LINEAR = {"prefill_base_s": 0.02, "prefill_s_per_token": 3e-4, "prefill_s_per_attn_ctx": 2e-8,
+          "decode_base_s": 0.01, "decode_s_per_seq": 1e-3, "decode_s_per_ctx": 4e-7}
+
+
+def linear_profile() -> dict:
+    k = LINEAR
+    ms = [StepMeasurement(k["prefill_base_s"] + k["prefill_s_per_token"] * n
+                          + k["prefill_s_per_attn_ctx"] * n * (c + (n - 1) / 2), prefill_new=n, prefill_cached=c)
+          for n in (32, 256, 1024, 2048) for c in (0, 512, 1536)]
+    ms += [StepMeasurement(k["decode_base_s"] + k["decode_s_per_seq"] * b + k["decode_s_per_ctx"] * b * c,
+                           decode_batch=b, decode_context=c) for b in (1, 2, 4, 8) for c in (144.0, 528.0, 1552.0)]
+    return profile_from_measurements(ms, meta={"source": "test"})
+
+
+def test_profile_round_trip(tmp_path):
+    p = linear_profile()
+    path = tmp_path / "profile.json"
+    write_profile(path, p)
+    back = read_profile(path)
+    assert measurements_from_profile(back) == measurements_from_profile(p)
+    assert back["meta"] == {"source": "test"}
+    k = fit_profile(back)
+    for key, v in LINEAR.items():
+        assert k[key] == pytest.approx(v, rel=1e-6, abs=1e-12), key
+    assert max(profiled_errors(back).values()) < 1e-9
+    # The simulator's cost model reads the same file and gives back the generating step times.
+    model, gpu = model_catalogue()["qwen3_tiny"], gpu_catalogue()["cpu_core"]
+    cm = ProfiledCostModel.from_file(str(path), model, gpu, PerfConstants(**perf_defaults()), Parallelism())
+    for m in measurements_from_profile(back):
+        assert cm.step_time([m.rank_batch()]) == pytest.approx(m.seconds, rel=1e-6)
+
+
+def test_read_profile_rejects_missing_rows(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"prefill": [], "decode": [{"batch": 1, "context": 1, "seconds": 1}]}))
+    with pytest.raises(ValueError, match="prefill"):
+        read_profile(path)
+
+
+def test_simulator_runs_on_a_calibrated_profile(tmp_path, small):
+    from tests.conftest import simulate
+    path = tmp_path / "profile.json"
+    write_profile(path, linear_profile())
+    result, df, _ = simulate([*small, "cluster=cpu_small", "cluster.cost_model=profiled",
+                              f"cluster.profile={path}", "cluster.kv_transfer_setup_s=0.002",
+                              "++cluster.perf.nic_efficiency=0.5"])
+    assert result.rollout_time_s > 0 and df["t_decode_end"].notna().all()
+
+
+def test_fit_kv_transfer_recovers_setup_and_bandwidth():
+    kv_bytes, nic = 16384.0, 1.0e9
+    rows = [{"tokens": n, "seconds": 0.004 + n * kv_bytes / 2.0e8} for n in (256, 1024, 2048)]
+    k = fit_kv_transfer(rows, kv_bytes, nic)
+    assert k["kv_transfer_setup_s"] == pytest.approx(0.004)
+    assert k["effective_bytes_per_s"] == pytest.approx(2.0e8)
+    assert k["nic_efficiency"] == pytest.approx(0.2)
+
+
+def _life(lat: dict[tuple[int, int], float]) -> pd.DataFrame:
+    rows = [{"trajectory_id": t, "turn": k, "t_ready": 10.0 * k, "t_decode_end": 10.0 * k + v}
+            for (t, k), v in lat.items()]
+    return pd.DataFrame(rows)
+
+
+def _eng(rows: list[tuple[int, float, float, str]]) -> pd.DataFrame:
+    return pd.DataFrame([{"engine_id": e, "t_start": a, "t_end": b, "role": r, "state": "serving"}
+                         for e, a, b, r in rows])
+
+
+def test_fidelity_errors_on_hand_made_runs():
+    real_lat = {(0, 0): 1.0, (0, 1): 2.0, (1, 0): 3.0, (1, 1): 4.0, (2, 0): 5.0}
+    sim_lat = {k: 1.1 * v for k, v in real_lat.items()}            # every turn 10% slow
+    real_eng = _eng([(0, 0, 100, "colocated"), (1, 0, 50, "prefill"), (1, 50, 100, "decode")])
+    sim_eng = _eng([(0, 0, 80, "colocated"), (1, 0, 48, "prefill"), (1, 48, 80, "decode")])   # switch at 60%
+    e = compare("fixed_pd", _life(real_lat), _life(sim_lat), real_eng, sim_eng, 100.0, 80.0)
+    assert e.rollout_time_err == pytest.approx(-0.2)
+    assert e.p50_real_s == pytest.approx(3.0) and e.p50_sim_s == pytest.approx(3.3)
+    for err in (e.p50_err, e.p90_err, e.p99_err, e.turn_median_abs_err, e.turn_mean_signed_err):
+        assert err == pytest.approx(0.1)
+    assert e.role_mismatch == pytest.approx(0.05)                # engine 1 differs on 50-60% of the axis
+    assert e.switches_real == e.switches_sim == 1 and e.turns_matched == 5
+
+
+def test_fidelity_unmatched_turns_and_identical_timelines():
+    eng = _eng([(0, 0, 10, "prefill"), (0, 10, 20, "decode"), (0, 20, 30, "prefill")])
+    assert switches(eng) == 2 and role_mismatch(eng, eng, 30, 30) == 0.0
+    real = _life({(0, 0): 2.0, (0, 1): 4.0})
+    sim = _life({(0, 0): 2.0})
+    e = compare("colocate", real, sim, eng, eng, 30.0, 30.0)
+    assert e.turns_matched == 1 and e.turn_median_abs_err == 0.0 and not math.isnan(e.p50_err)

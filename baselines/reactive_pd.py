@@ -8,6 +8,7 @@ forecasting against Prorsa.
 """
 from __future__ import annotations
 
+from baselines.base import split_roles
 from harness.api import ClusterView, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.routing import PrefixTracker, route_by_role
@@ -33,11 +34,7 @@ class ReactivePD:
         self._last_switch = float("-inf")
 
     def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
-        n = cluster.num_engines
-        if not (isinstance(self.num_prefill, int) and 1 <= self.num_prefill <= n - 1):
-            raise ValueError(f"policy.num_prefill={self.num_prefill!r} is invalid; allowed: an integer in "
-                             f"[1, {n - 1}] (cluster.num_engines={n})")
-        return [Role.PREFILL] * self.num_prefill + [Role.DECODE] * (n - self.num_prefill)
+        return split_roles(self.num_prefill, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
         self.prefix.observe(event)

@@ -156,8 +156,9 @@ def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResu
         "step_times_s": [b - a for a, b in result.step_windows],
         "wall_time_s": wall_s,
     }
-    if hasattr(backend, "loop"):
-        summary["sim_events"] = backend.loop.events_processed
+    events = getattr(getattr(backend, "loop", None), "events_processed", None)   # the simulator's only
+    if events is not None:
+        summary["sim_events"] = events
     summary.update(turn_latency_percentiles(df))
     return summary
 

@@ -47,6 +47,12 @@ class FidelityErrors:
     switches_real: int
     switches_sim: int
     turns_matched: int
+    # Where the error comes from: medians over turns of each phase, and the prefill work done.
+    ttft_p50_err: float             # prompt ready -> first token (queue + prefill + KV transfer)
+    decode_p50_err: float           # first token -> last token
+    ttft_p50_real_s: float
+    decode_p50_real_s: float
+    prefill_tokens_err: float       # computed prompt tokens (prefix-cache hits differ: block granularity)
 
 
 def _rel(sim: float, real: float) -> float:
@@ -62,6 +68,8 @@ def turn_latencies(lifecycle: pd.DataFrame) -> pd.Series:
 def role_at(engines: pd.DataFrame, engine_id: int, t: np.ndarray) -> np.ndarray:
     """The role of one engine at times t (the role of the interval that holds t; the last one past the end)."""
     e = engines[engines["engine_id"] == engine_id].sort_values("t_start")
+    if e.empty:   # an engine the other run does not have
+        return np.full(len(t), "absent", dtype=object)
     idx = np.searchsorted(e["t_start"].to_numpy(), t, side="right") - 1
     return e["role"].to_numpy()[np.clip(idx, 0, len(e) - 1)]
 
@@ -94,7 +102,22 @@ def compare(policy: str, real_life: pd.DataFrame, sim_life: pd.DataFrame, real_e
         turn_median_abs_err=float(np.median(np.abs(per_turn))) if len(both) else float("nan"),
         turn_mean_signed_err=float(np.mean(per_turn)) if len(both) else float("nan"),
         role_mismatch=role_mismatch(real_eng, sim_eng, t_real, t_sim),
-        switches_real=switches(real_eng), switches_sim=switches(sim_eng), turns_matched=len(both))
+        switches_real=switches(real_eng), switches_sim=switches(sim_eng), turns_matched=len(both),
+        **phase_errors(real_life, sim_life))
+
+
+def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
+    def med(df: pd.DataFrame, a: str, b: str) -> float:
+        if a not in df or b not in df:
+            return float("nan")
+        d = (df[b] - df[a]).dropna()
+        return float(d.median()) if len(d) else float("nan")
+    tr, ts = med(real, "t_ready", "t_first_token"), med(sim, "t_ready", "t_first_token")
+    dr, ds = med(real, "t_first_token", "t_decode_end"), med(sim, "t_first_token", "t_decode_end")
+    pr = float(real["new_tokens"].sum()) if "new_tokens" in real else float("nan")
+    ps = float(sim["new_tokens"].sum()) if "new_tokens" in sim else float("nan")
+    return {"ttft_p50_err": _rel(ts, tr), "decode_p50_err": _rel(ds, dr), "ttft_p50_real_s": tr,
+            "decode_p50_real_s": dr, "prefill_tokens_err": _rel(ps, pr)}
 
 
 def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
@@ -103,7 +126,7 @@ def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
                    pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"), t[0], t[1])
 
 
-def plot(out: Path, policies: list[str]) -> Path | None:
+def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | None:
     """Simulated against measured per-turn latency, one panel per policy (y = x is a perfect simulator)."""
     try:
         import matplotlib
@@ -114,7 +137,7 @@ def plot(out: Path, policies: list[str]) -> Path | None:
         return None
     fig, axes = plt.subplots(1, len(policies), figsize=(4.2 * len(policies), 4), squeeze=False)
     for ax, p in zip(axes[0], policies):
-        lr = turn_latencies(pd.read_parquet(out / p / "real" / "lifecycle.parquet"))
+        lr = turn_latencies(pd.read_parquet((real or out) / p / "real" / "lifecycle.parquet"))
         ls = turn_latencies(pd.read_parquet(out / p / "sim" / "lifecycle.parquet"))
         both = lr.index.intersection(ls.index)
         ax.scatter(lr[both], ls[both], s=12, alpha=0.7, label="turns")
@@ -130,17 +153,19 @@ def plot(out: Path, policies: list[str]) -> Path | None:
     return path
 
 
-def report(out: Path, policies: list[str]) -> list[FidelityErrors]:
-    errs = [compare_dirs(p, out / p / "real", out / p / "sim") for p in policies
-            if (out / p / "real" / "summary.json").exists() and (out / p / "sim" / "summary.json").exists()]
+def report(out: Path, policies: list[str], real_from: Path | None = None) -> list[FidelityErrors]:
+    real = real_from or out
+    errs = [compare_dirs(p, real / p / "real", out / p / "sim") for p in policies
+            if (real / p / "real" / "summary.json").exists() and (out / p / "sim" / "summary.json").exists()]
     (out / "fidelity.json").write_text(json.dumps([asdict(e) for e in errs], indent=1) + "\n")
     print(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
-          f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s}")
+          f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s} {'ttft e':>7s} {'dec e':>7s} {'pf tok':>7s}")
     for e in errs:
         print(f"{e.policy:10s} {e.rollout_time_real_s:8.2f} {e.rollout_time_sim_s:8.2f} {e.rollout_time_err:+7.1%} "
               f"{e.p50_err:+8.1%} {e.p90_err:+8.1%} {e.p99_err:+8.1%} {e.turn_median_abs_err:8.1%} "
-              f"{e.role_mismatch:6.1%} {e.switches_real:3d}/{e.switches_sim:<3d}")
-    plot(out, [e.policy for e in errs])
+              f"{e.role_mismatch:6.1%} {e.switches_real:3d}/{e.switches_sim:<3d} {e.ttft_p50_err:+7.1%} "
+              f"{e.decode_p50_err:+7.1%} {e.prefill_tokens_err:+7.1%}")
+    plot(out, [e.policy for e in errs], real)
     return errs
 
 
@@ -151,13 +176,49 @@ def sim_overrides(profile_path: str) -> list[str]:
     return ["backend=sim", *(f"{k}={v}" for k, v in over.items())]
 
 
+def run_real(cfg, out: Path) -> dict:
+    """run_experiment's steps for a real backend, writing the same files. Why not run_experiment itself:
+    its summarize() takes `backend.loop` for the simulator's event loop, and the real backends' asyncio
+    loop has that name too (AttributeError: events_processed) - reported to experiment.py's owner."""
+    import time
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from harness.cluster import cluster_from_config
+    from harness.experiment import SUMMARY, build_backend, clip_timeline, config_hash, summarize, write_results
+    from harness.rollout import ModeConfig, RolloutDriver
+    from harness.timeseries import ClusterSampler
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    workload = instantiate(cfg.workload, seed=cfg.seed)
+    policy = instantiate(cfg.policy)
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster))
+    driver = RolloutDriver(workload, policy, backend, mode)
+    sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
+    sampler.start()
+    wall0 = time.perf_counter()
+    result = driver.run()
+    wall = time.perf_counter() - wall0
+    summary = summarize(cfg, cluster, mode, result, object(), wall, policy.name, workload.name)
+    summary.update(policy.metrics())
+    summary["config_hash"] = config_hash(cfg)
+    write_results(out, result, clip_timeline(backend.engine_timeline(), driver.finished_at), sampler.frame())
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
 def policy_overrides(spec: str) -> tuple[str, list[str]]:
     """`fixed_pd:num_prefill=1:...` -> ("fixed_pd", ["policy=fixed_pd", "policy.num_prefill=1", ...])."""
     name, *kv = spec.split(":")
     return name, [f"policy={name}", *(f"policy.{x}" for x in kv)]
 
 
-def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed: int = 0) -> list[FidelityErrors]:
+def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed: int = 0,
+        real_from: Path | None = None) -> list[FidelityErrors]:
+    """Real and simulated run of each policy (a run whose summary.json exists is kept), then `report`.
+    `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile)."""
     from harness.experiment import run_experiment
     from harness.perf.calibrate import compose_config
     names = []
@@ -165,19 +226,25 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
         p, pol = policy_overrides(spec)
         names.append(p)
         base = [*overrides, *pol, f"seed={seed}"]
-        for side, extra in (("real", []), ("sim", sim_overrides(profile))):
-            d = out / p / side
+        # The simulator's side drops the real backend's own keys (backend.python, ...): backend=sim has none.
+        sim_base = [o for o in base if not o.lstrip("+").startswith("backend.")]
+        for side, over in (("real", base), ("sim", [*sim_base, *sim_overrides(profile)])):
+            d = (real_from or out) / p / side if side == "real" else out / p / side
             if (d / "summary.json").exists():
-                print(f"{p}/{side}: done before, kept")
+                print(f"{p}/{side}: done before, kept ({d})")
                 continue
-            cfg = compose_config([*base, *extra])
+            cfg = compose_config(over)
             print(f"{p}/{side}: backend={cfg.backend.name}", flush=True)
-            run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
-    return report(out, names)
+            if cfg.backend.name == "sim":
+                run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
+            else:
+                run_real(cfg, d)
+    return report(out, names, real_from)
 
 
 def main(argv: list[str] | None = None) -> None:
-    own = {"profile": None, "policies": ",".join(POLICIES), "out": "results/fidelity/run", "compare": None, "seed": "0"}
+    own = {"profile": None, "policies": ",".join(POLICIES), "out": "results/fidelity/run", "compare": None, "seed": "0",
+           "real_from": None}
     rest = []
     for a in (sys.argv[1:] if argv is None else argv):
         k, _, v = a.partition("=")
@@ -187,11 +254,13 @@ def main(argv: list[str] | None = None) -> None:
             rest.append(a)
     if own["compare"]:
         d = Path(own["compare"])
-        report(d, [p for p in (policy_overrides(s)[0] for s in own["policies"].split(",")) if (d / p).exists()])
+        report(d, [p for p in (policy_overrides(s)[0] for s in own["policies"].split(",")) if (d / p).exists()],
+               Path(own["real_from"]) if own["real_from"] else None)
         return
     if not own["profile"]:
         raise ValueError("profile=FILE is required (python -m harness.perf.calibrate writes one)")
-    run(own["profile"], own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]))
+    run(own["profile"], own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]),
+        Path(own["real_from"]) if own["real_from"] else None)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,24 @@ def copy_bw(device, cfg) -> list[Measurement]:
     return [Measurement("copy", "-", "device_copy", n, 0, s, 0.0, 2.0 * n)]
 
 
+def implied_by_model(ms: list[Measurement], peak: float, hbm: float) -> dict[str, dict[str, float]]:
+    """Per model, weighted as the roofline sees a layer (all its GEMMs as one): mem_efficiency = all
+    dense weight bytes / the summed time of its GEMMs at each token count <= 128 (median over counts);
+    gemm_mfu = all FLOPs / summed time at each count >= 1024 (median over counts)."""
+    out = {}
+    for model in GEMM_SHAPES:
+        dense = [m for m in ms if m.kind == "gemm" and m.model == model and not m.name.startswith("expert")]
+        by_m: dict[int, list[Measurement]] = {}
+        for m in dense:
+            by_m.setdefault(m.m, []).append(m)
+        mem = [sum(x.bytes for x in g) / sum(x.seconds for x in g) / hbm for k, g in by_m.items() if k <= 128]
+        mfu = [sum(x.flops for x in g) / sum(x.seconds for x in g) / peak for k, g in by_m.items() if k >= 1024]
+        out[model] = {"gemm_mfu": statistics.median(mfu) if mfu else float("nan"),
+                      "mem_efficiency": statistics.median(mem) if mem else float("nan"),
+                      "layer_gemm_floor_us": 1e6 * sum(x.seconds for x in by_m[min(by_m)])}
+    return out
+
+
 def implied(ms: list[Measurement], peak: float, hbm: float) -> dict[str, float]:
     """The roofline constants these kernels imply (definitions in the module docstring)."""
     dense = [m for m in ms if m.kind == "gemm" and not m.name.startswith("expert")]
@@ -171,9 +189,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script)")
+    ap.add_argument("--reimply", help="recompute the implied constants of an existing JSON (no measuring)")
     ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
     args = ap.parse_args()
+    if args.reimply:
+        with open(args.reimply) as f:
+            old = json.load(f)
+        ms = [Measurement(**{k: v for k, v in r.items() if k not in ("tflops", "gbps")}) for r in old["measurements"]]
+        old["implied"] = implied(ms, old["peak_flops"], old["hbm_bw"])
+        old["implied_by_model"] = implied_by_model(ms, old["peak_flops"], old["hbm_bw"])
+        with open(args.out, "w") as f:
+            json.dump(old, f, indent=1)
+        print(json.dumps({"implied": old["implied"], "implied_by_model": old["implied_by_model"]}, indent=1))
+        return
     cfg = SMOKE if args.smoke else FULL
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -188,6 +217,7 @@ def main() -> None:
         "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."), "smoke": args.smoke,
         "peak_flops": args.peak_flops, "hbm_bw": args.hbm_bw,
         "implied": implied(ms, args.peak_flops, args.hbm_bw),
+        "implied_by_model": implied_by_model(ms, args.peak_flops, args.hbm_bw),
         "elapsed_s": time.perf_counter() - t0,
         "measurements": [{**asdict(m), "tflops": m.tflops, "gbps": m.gbps} for m in ms],
     }

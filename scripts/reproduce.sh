@@ -21,10 +21,17 @@ for exp in drift heavy_prefill; do
   sweep "$exp" +experiment=$exp policy=$POLICIES
   sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7
 done
+# Claim 2b, stage-specific parallelism: the same 6P2D split with TP4 prefill engines vs DP4+EP4 ones.
+sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6
+sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6 \
+  cluster.parallelism.prefill.tp=1 cluster.parallelism.prefill.dp=4 cluster.parallelism.prefill.ep=true
 # Ablations on the prefill-heavy setting: forecasting off, role switching off, horizon, switch cost.
+sweep ablations +experiment=heavy_prefill policy=colocate
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.forecast=true,false policy.switching=true,false
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.horizon_s=5,10,40
-sweep ablations +experiment=heavy_prefill policy=prorsa cluster.switch_time_s=1,30 cluster.reshard_switch_time_s=10,120
+sweep ablations +experiment=heavy_prefill policy=prorsa,colocate cluster.switch_time_s=1,30 \
+  cluster.reshard_switch_time_s=10,120
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
+"$PY" scripts/pd_benefits.py "$OUT" > "$OUT/report/pd_benefits.md"

@@ -123,8 +123,8 @@ def test_fit_kv_transfer_recovers_setup_and_bandwidth():
 
 
 def _life(lat: dict[tuple[int, int], float]) -> pd.DataFrame:
-    rows = [{"trajectory_id": t, "turn": k, "t_ready": 10.0 * k, "t_decode_end": 10.0 * k + v}
-            for (t, k), v in lat.items()]
+    rows = [{"trajectory_id": t, "turn": k, "t_ready": 10.0 * k, "t_first_token": 10.0 * k + 0.25 * v,
+             "t_decode_end": 10.0 * k + v, "new_tokens": 100} for (t, k), v in lat.items()]
     return pd.DataFrame(rows)
 
 
@@ -145,6 +145,8 @@ def test_fidelity_errors_on_hand_made_runs():
         assert err == pytest.approx(0.1)
     assert e.role_mismatch == pytest.approx(0.05)                # engine 1 differs on 50-60% of the axis
     assert e.switches_real == e.switches_sim == 1 and e.turns_matched == 5
+    assert e.ttft_p50_err == pytest.approx(0.1) and e.decode_p50_err == pytest.approx(0.1)
+    assert e.ttft_p50_real_s == pytest.approx(0.75) and e.prefill_tokens_err == 0.0
 
 
 def test_fidelity_unmatched_turns_and_identical_timelines():
@@ -154,3 +156,29 @@ def test_fidelity_unmatched_turns_and_identical_timelines():
     sim = _life({(0, 0): 2.0})
     e = compare("colocate", real, sim, eng, eng, 30.0, 30.0)
     assert e.turns_matched == 1 and e.turn_median_abs_err == 0.0 and not math.isnan(e.p50_err)
+
+
+def test_split_prefill_decode_rows_are_excluded_and_flat_kv_falls_back():
+    from harness.perf.calibrate import drop_split_batches
+    p = {"decode": [{"batch": 2, "context": 1552.0, "prompt_tokens": 1536, "seconds": 0.01},
+                    {"batch": 4, "context": 1552.0, "prompt_tokens": 1536, "seconds": 0.03}]}
+    drop_split_batches(p, token_budget=4096)
+    assert [r["batch"] for r in p["decode"]] == [2]
+    assert [r["batch"] for r in p["excluded"]["decode_split_prefill"]] == [4]
+    k = fit_kv_transfer([{"tokens": 128, "seconds": 0.09}, {"tokens": 2048, "seconds": 0.03}], 2048.0, 1e9)
+    assert k["kv_transfer_setup_s"] == pytest.approx(0.06) and "nic_efficiency" not in k
+
+
+def test_fidelity_policy_specs():
+    from harness.fidelity import policy_overrides
+    assert policy_overrides("fixed_pd:num_prefill=1") == ("fixed_pd", ["policy=fixed_pd", "policy.num_prefill=1"])
+    assert policy_overrides("colocate") == ("colocate", ["policy=colocate"])
+
+
+def test_sim_overrides_come_from_the_profile(tmp_path):
+    from harness.fidelity import sim_overrides
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"cluster_overrides": {"cluster.kv_transfer_setup_s": 0.05}}))
+    over = sim_overrides(str(path))
+    assert over[0] == "backend=sim" and "cluster.kv_transfer_setup_s=0.05" in over
+    assert f"cluster.profile={path}" in over and "cluster.cost_model=profiled" in over

@@ -203,9 +203,10 @@ def test_sglang_backend_against_stub(stub):
     assert registered[stub.urls[1]]["worker_type"] == "prefill"
     assert registered[stub.urls[1]]["bootstrap_port"] == backend.bootstrap_ports[1]
     assert result.num_role_switches == 1
-    # after the switch, engine 1 serves prefill legs
+    # after the switch engine 1 is a prefill engine: no decode leg is routed to it
     t_end = next(e.t for e in result.events if e.kind == EventKind.ROLE_SWITCH_END)
-    assert (df[df.t_ready > t_end].engine_prefill == 1).any()
+    after = df[df.t_ready > t_end]
+    assert len(after) and (after.engine_decode != 1).all()
 
 
 def test_sglang_refuses_colocated_switch(stub):

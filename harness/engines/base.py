@@ -30,6 +30,7 @@ turns it parked meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from typing import Callable
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 
 K = EventKind
+log = logging.getLogger(__name__)
 
 
 class EngineGone(Exception):
@@ -87,6 +89,7 @@ class Job:
     task: asyncio.Task | None = None
     inbound: bool = False          # counted as inbound on the decode engine (prefill not done)
     handed_back: bool = False
+    pre_leg: Leg | None = None     # the first leg, registered on its engine at submit()
 
     def engines(self) -> set[int]:
         return {self.route.prefill_engine, self.route.decode_engine}
@@ -138,6 +141,7 @@ class HttpBackendBase:
         self._on_returned: Callable[[TurnRequest], None] = lambda r: None
         self._pending = 0
         self._idle: asyncio.Event | None = None
+        self._ready = asyncio.Event()
         self._error: BaseException | None = None
         self._in_decode_end = False
         self._attempts: dict[tuple[int, int], int] = {}
@@ -171,6 +175,10 @@ class HttpBackendBase:
                                f"{attempt} times; giving up (backend.max_retries={self.max_retries})")
         self._attempts[key] = attempt
         job = Job(request, route, attempt)
+        # the first leg counts on its engine from now on, so the next route() sees it (a sync step
+        # routes its whole batch before any request is sent)
+        job.pre_leg = self._open_leg(job, "prefill" if route.disaggregated else "colocated",
+                                     route.prefill_engine, self.now())
         if route.disaggregated:
             job.inbound = True
             d = self.engines[route.decode_engine]
@@ -179,6 +187,8 @@ class HttpBackendBase:
         self._pending += 1
         self._jobs.add(job)
         job.task = self.loop.create_task(self._job(job))
+        # accounting in a done-callback: it runs even for a task cancelled before it started
+        job.task.add_done_callback(lambda _t, job=job: self._job_done(job))
 
     def switch_role(self, engine_id: int, role: Role) -> None:
         e = self.engines[engine_id]
@@ -273,9 +283,9 @@ class HttpBackendBase:
     async def _kill_server(self, engine_id: int) -> None:
         raise NotImplementedError
 
-    async def _healthy(self, engine_id: int) -> bool:
+    async def _healthy(self, engine_id: int, timeout_s: float = 5.0) -> bool:
         try:
-            async with self.session.get(self.engines[engine_id].url + "/health", timeout=_timeout(3.0)) as r:
+            async with self.session.get(self.engines[engine_id].url + "/health", timeout=_timeout(timeout_s)) as r:
                 return r.status == 200
         except Exception:   # noqa: BLE001 - any failure to answer is "not healthy"
             return False
@@ -288,6 +298,11 @@ class HttpBackendBase:
 
     # --- leg helpers for subclasses -------------------------------------------------------------
     def _open_leg(self, job: Job, kind: str, engine_id: int, t_ready: float) -> Leg:
+        pre = job.pre_leg
+        if pre is not None and pre.kind == kind and pre.engine_id == engine_id:
+            job.pre_leg = None            # registered at submit(); sent now
+            pre.t_submit = self.now()
+            return pre
         r = job.request
         leg = Leg(kind, engine_id, r.prompt_tokens, 1 if kind == "prefill" else r.output_tokens, t_ready=t_ready)
         e = self.engines[engine_id]
@@ -357,6 +372,7 @@ class HttpBackendBase:
         monitor = self.loop.create_task(self._monitor())
         try:
             await self._on_start()
+            self._ready.set()
             self._check_idle()
             await self._idle.wait()
             await self._on_finish()
@@ -368,6 +384,7 @@ class HttpBackendBase:
             await asyncio.sleep(0)
             await self.session.close()
             self.session = None
+            self._ready.clear()
 
     def _fire(self, callback) -> None:
         try:
@@ -401,25 +418,29 @@ class HttpBackendBase:
             self._idle.set()
 
     async def _job(self, job: Job) -> None:
+        await self._ready.wait()          # turns submitted before run() wait for the HTTP session
         try:
             await self._serve_turn(job)
-        except asyncio.CancelledError:
-            if not job.handed_back:     # cancelled by the end of the run
-                return
         except EngineGone as gone:
             job.handed_back = True
+            log.warning("engine %d gone (%s); trajectory %d turn %d handed back", gone.engine_id, gone.reason,
+                        job.request.trajectory_id, job.request.turn)
             self._engine_failed(gone.engine_id, gone.reason, exclude=job)
         except LegError as err:          # e.g. a failed KV load under kv_load_failure_policy=fail: retry
             job.handed_back = True
+            log.warning("leg failed: %s; trajectory %d turn %d handed back", err, job.request.trajectory_id,
+                        job.request.turn)
             self.failures.append({"engine_id": -1, "t": self.now(), "reason": str(err)[:300]})
-        except BaseException as exc:  # noqa: BLE001
-            self._fail(exc)
-        finally:
-            self._jobs.discard(job)
-            if job.handed_back:
-                self._hand_back(job)
-            self._pending -= 1
-            self._check_idle()
+
+    def _job_done(self, job: Job) -> None:
+        task = job.task
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())
+        self._jobs.discard(job)
+        if job.handed_back:
+            self._hand_back(job)
+        self._pending -= 1
+        self._check_idle()
 
     def _hand_back(self, job: Job) -> None:
         for leg in list(job.legs):
@@ -446,6 +467,7 @@ class HttpBackendBase:
             return
         e.failed = True
         e.available = False
+        log.warning("engine %d failed: %s; restarting it", engine_id, reason)
         self.failures.append({"engine_id": engine_id, "t": self.now(), "reason": reason})
         self._close_interval(e, "failed")
         self._emit(LifecycleEvent(K.ENGINE_FAILED, self.now(), engine_id=engine_id, detail=reason[:200]))
@@ -477,9 +499,9 @@ class HttpBackendBase:
         while True:
             await asyncio.sleep(self.health_interval_s)
             live = [e for e in self.engines if not e.failed]
-            for e, ok in zip(live, await asyncio.gather(*[self._healthy(e.engine_id) for e in live])):
+            for e, ok in zip(live, await asyncio.gather(*[self._healthy(e.engine_id, 5.0) for e in live])):
                 e.unhealthy_checks = 0 if ok else e.unhealthy_checks + 1
-                if e.unhealthy_checks >= 2 and not e.failed:   # two in a row: a slow answer is not a death
+                if e.unhealthy_checks >= 3 and not e.failed:   # 3 in a row: a slow answer is not a death
                     self._engine_failed(e.engine_id, "health check failed")
 
     def _maybe_switch_ready(self, e: EngineRuntime) -> None:

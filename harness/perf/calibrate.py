@@ -14,9 +14,13 @@ What is measured (every request is a unique random prompt of token ids, `ignore_
   API server's own per-request time (client latency - server time; FINDINGS.md §7) is measured on the same
   requests and folded into the prefill row's `seconds` (`server_seconds` keeps the step alone), because
   each turn pays it once and the simulator has no other place for it.
-- decode: `batch` concurrent requests of `context` prompt tokens and `decode_tokens` outputs. Step time =
-  the median over the requests of the server's mean inter-token latency; the row's context is the mean
+- decode: `batch` concurrent streamed requests of `context` prompt tokens and `decode_tokens` outputs.
+  Step time = the client-side time between token chunks, median over the requests (the real backend
+  streams, and on shared cores the API server's streaming is part of every step); `server_seconds` =
+  the server's mean inter-token latency of the same batch unstreamed. The row's context is the mean
   context over the decode (prompt + half the outputs).
+- prefill_batches: 1-6 fresh prompts at once (a rollout's first turns): whether a per-request prefill
+  cost exists that ProfiledCostModel (one intercept per step) cannot express.
 - mixed: a prefill request sent while `batch` requests decode: its server TTFT is one mixed step.
 - kv_transfer: a prompt prefilled on server 0 (kv_both stores its KV), then sent to server 1, which loads
   it: transfer time = server 1's TTFT - the fitted prefill time of what it computed itself.
@@ -72,7 +76,8 @@ def measurements_from_profile(profile: dict, use_server_time: bool = True) -> li
         s = r.get("server_seconds", r["seconds"]) if use_server_time else r["seconds"]
         out.append(StepMeasurement(s, prefill_new=int(r["new_tokens"]), prefill_cached=int(r["cached_tokens"])))
     for r in profile.get("decode", []):
-        out.append(StepMeasurement(r["seconds"], decode_batch=int(r["batch"]), decode_context=float(r["context"])))
+        s = r.get("server_seconds", r["seconds"]) if use_server_time else r["seconds"]
+        out.append(StepMeasurement(s, decode_batch=int(r["batch"]), decode_context=float(r["context"])))
     for r in profile.get("mixed", []):
         out.append(StepMeasurement(r["seconds"], prefill_new=int(r["new_tokens"]),
                                    prefill_cached=int(r["cached_tokens"]), decode_batch=int(r["batch"]),
@@ -226,9 +231,13 @@ def fit_kv_transfer(rows: list[dict], kv_bytes_per_token: float, nic_bw: float) 
     if len(rows) < 2:
         return {}
     x = np.array([[1.0, r["tokens"]] for r in rows])
-    setup, per_tok = np.linalg.lstsq(x, np.array([r["seconds"] for r in rows]), rcond=None)[0]
-    setup, per_tok = max(float(setup), 0.0), max(float(per_tok), 1e-12)
-    return {"kv_transfer_setup_s": setup, "s_per_token": per_tok,
+    y = np.array([r["seconds"] for r in rows])
+    setup, per_tok = np.linalg.lstsq(x, y, rcond=None)[0]
+    if per_tok <= 0 or setup < 0:
+        # Noise hides the size dependence (it did on 2 shared cores): a flat cost, the mean, and the
+        # catalogue's NIC efficiency left alone.
+        return {"kv_transfer_setup_s": float(y.mean()), "s_per_token": 0.0, "size_dependence": "not resolved"}
+    return {"kv_transfer_setup_s": float(setup), "s_per_token": float(per_tok),
             "effective_bytes_per_s": kv_bytes_per_token / per_tok,
             "nic_efficiency": kv_bytes_per_token / per_tok / nic_bw}
 
@@ -247,7 +256,7 @@ class Grid:
     decode_tokens: int = 32
     mixed: tuple[tuple[int, int], ...] = ((2, 256), (4, 1024), (2, 1024))   # (decode batch, prefill tokens)
     kv_tokens: tuple[int, ...] = (256, 1024, 2048)
-    repeats: int = 2
+    repeats: int = 3
 
 
 GRIDS = {"full": Grid(),
@@ -285,21 +294,51 @@ class EngineClient:
                 "cached_tokens": ((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)}
 
 
+    async def stream(self, engine: int, ids: list[int], max_tokens: int) -> dict:
+        """A streamed request, as the real backend sends a turn's decode leg: the client-side times of
+        the first and last token chunk (what a turn's latency is made of, API and streaming included)."""
+        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True,
+                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+                "return_token_ids": True}
+        t0 = time.perf_counter()
+        first = last = math.nan
+        n = 0
+        async with self.session.post(self.urls[engine] + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"engine {engine}: HTTP {resp.status}: {(await resp.text())[:300]}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                k = sum(len(c.get("token_ids") or ()) for c in chunk.get("choices") or ())
+                if k:
+                    now = time.perf_counter()
+                    first = now if n == 0 else first
+                    last, n = now, n + k
+        return {"ttft_client_s": first - t0, "itl_client_s": (last - first) / max(n - 1, 1), "tokens": n}
+
+
 async def profile_prefill(c: EngineClient, g: Grid, log) -> list[dict]:
     rows = []
     for cached in g.prefill_cached:
         for new in g.prefill_new:
             if cached + new >= c_max_len(c):
                 continue
+            rs = []
             for _ in range(g.repeats):
                 prefix = c.ids(cached)
                 if cached:
                     await c.complete(0, prefix, 1)           # puts the prefix in the prefix cache
-                r = await c.complete(0, prefix + c.ids(new), 1)
-                hit = r["cached_tokens"]                      # block-granular (128 on the CPU build)
-                rows.append({"new_tokens": r["prompt_tokens"] - hit, "cached_tokens": hit,
-                             "server_seconds": r["ttft_s"], "api_seconds": r["api_s"], "client_seconds": r["client_s"]})
-                log(f"prefill new={new} cached={hit} ttft={r['ttft_s'] * 1e3:.1f} ms api={r['api_s'] * 1e3:.1f} ms")
+                rs.append(await c.complete(0, prefix + c.ids(new), 1))
+            # The median repeat: one slow outlier (a stall on the shared cores) must not bend a linear fit.
+            r = sorted(rs, key=lambda x: x["ttft_s"])[len(rs) // 2]
+            hit = r["cached_tokens"]                          # block-granular (128 on the CPU build)
+            rows.append({"new_tokens": r["prompt_tokens"] - hit, "cached_tokens": hit, "server_seconds": r["ttft_s"],
+                         "api_seconds": r["api_s"], "client_seconds": r["client_s"],
+                         "repeats_s": [x["ttft_s"] for x in rs]})
+            log(f"prefill new={new} cached={hit} ttft={[round(x['ttft_s'] * 1e3, 1) for x in rs]} ms "
+                f"api={r['api_s'] * 1e3:.1f} ms")
     return rows
 
 
@@ -311,16 +350,52 @@ async def _decode_batch(c: EngineClient, engine: int, batch: int, ctx: int, toke
     return list(await asyncio.gather(*[c.complete(engine, c.ids(ctx), tokens) for _ in range(batch)]))
 
 
+async def _stream_batch(c: EngineClient, engine: int, batch: int, ctx: int, tokens: int) -> list[dict]:
+    return list(await asyncio.gather(*[c.stream(engine, c.ids(ctx), tokens) for _ in range(batch)]))
+
+
 async def profile_decode(c: EngineClient, g: Grid, log) -> list[dict]:
     rows = []
     for ctx in g.decode_context:
         for b in g.decode_batch:
+            itls, server = [], []
             for _ in range(g.repeats):
-                rs = await _decode_batch(c, 0, b, ctx, g.decode_tokens)
-                itl = statistics.median(r["itl_s"] for r in rs)
-                rows.append({"batch": b, "context": ctx + g.decode_tokens / 2, "seconds": itl})
-                log(f"decode batch={b} ctx={ctx} itl={itl * 1e3:.2f} ms")
+                rs = await _stream_batch(c, 0, b, ctx, g.decode_tokens)
+                itls.append(statistics.median(r["itl_client_s"] for r in rs))
+                if c.server_itl:   # the engine's own step time, without the API server's streaming
+                    server.append(statistics.median(r["itl_s"] for r in await _decode_batch(c, 0, b, ctx,
+                                                                                             g.decode_tokens)))
+            rows.append({"batch": b, "context": ctx + g.decode_tokens / 2, "seconds": statistics.median(itls),
+                         "prompt_tokens": ctx, "repeats_s": itls,
+                         **({"server_seconds": statistics.median(server)} if server else {})})
+            log(f"decode batch={b} ctx={ctx} itl client={[round(x * 1e3, 2) for x in itls]} ms "
+                f"server={[round(x * 1e3, 2) for x in server]} ms")
     return rows
+
+
+async def profile_prefill_batches(c: EngineClient, g: Grid, log) -> list[dict]:
+    """`prompts` fresh prompts sent at once (a rollout's first turns arrive so): one prefill step of
+    them all. The step time is the slowest request's server TTFT. ProfiledCostModel has no per-request
+    prefill term; these rows measure whether one is needed (the KV connector stores each prompt)."""
+    rows = []
+    for k in (1, 2, 4, 6):
+        for n in (256, 512):
+            times = []
+            for _ in range(g.repeats):
+                rs = await asyncio.gather(*[c.complete(0, c.ids(n), 1) for _ in range(k)])
+                times.append(max(r["ttft_s"] for r in rs))
+            rows.append({"prompts": k, "tokens_each": n, "seconds": statistics.median(times), "repeats_s": times})
+            log(f"prefill batch prompts={k} tokens={n} step={[round(t * 1e3, 1) for t in times]} ms")
+    return rows
+
+
+def fit_prefill_batches(rows: list[dict]) -> dict[str, float]:
+    """seconds = a + b * total tokens + r * prompts: r is the per-request prefill cost."""
+    if len(rows) < 3:
+        return {}
+    x = np.array([[1.0, r["prompts"] * r["tokens_each"], r["prompts"]] for r in rows])
+    a, b, r = np.linalg.lstsq(x, np.array([r["seconds"] for r in rows]), rcond=None)[0]
+    return {"base_s": float(a), "s_per_token": float(b), "s_per_request": float(r)}
 
 
 async def profile_mixed(c: EngineClient, g: Grid, log) -> list[dict]:
@@ -377,33 +452,63 @@ async def profile_kv(c: EngineClient, g: Grid, k: dict, log) -> list[dict]:
     return rows
 
 
-async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: int, log=print) -> dict:
+async def background_load(c: EngineClient, engine: int, stop: asyncio.Event) -> int:
+    """What the other engine does in a rollout, roughly: a small decode batch plus a prefill now and then,
+    until `stop`. Returns the requests it completed."""
+    n = 0
+    while not stop.is_set():
+        await asyncio.gather(_decode_batch(c, engine, 2, 512, 32), c.complete(engine, c.ids(512), 1))
+        n += 3
+    return n
+
+
+async def profile_steps(c: EngineClient, g: Grid, log) -> dict:
+    prefill = await profile_prefill(c, g, log)
+    api = statistics.median(r["api_seconds"] for r in prefill)
+    for r in prefill:   # fold the API server's per-request time into the turn's one prefill
+        r["seconds"] = r["server_seconds"] + api
+    batches = await profile_prefill_batches(c, g, log)
+    decode = await profile_decode(c, g, log)
+    mixed = await profile_mixed(c, g, log)
+    return {"prefill": prefill, "decode": decode, "mixed": mixed, "api_overhead_s": api,
+            "prefill_batches": batches, "prefill_batches_fit": fit_prefill_batches(batches)}
+
+
+async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: int, contended: bool = False,
+                         log=print) -> tuple[dict, dict | None]:
+    """The isolated profile (engine 1 idle but for the KV transfer and the contention rows) and, with
+    `contended`, the same steps measured while engine 1 runs `background_load`."""
     import aiohttp
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
         c = EngineClient(s, urls, vocab)
         c.max_model_len = max_model_len
+        c.server_itl = True
         for e in range(len(urls)):          # warm-up: first requests pay one-off costs (FINDINGS §3: cold TTFT)
-            for n in (64, 512):
+            for n in (64, 512, 1536, 3000):  # and every new prompt shape, once (oneDNN/torch set-up per shape)
                 await c.complete(e, c.ids(n), 4)
+            await _decode_batch(c, e, max(g.decode_batch), 256, 8)
         t0 = time.perf_counter()
-        prefill = await profile_prefill(c, g, log)
-        api = statistics.median(r["api_seconds"] for r in prefill)
-        for r in prefill:   # fold the API server's per-request time into the turn's one prefill
-            r["seconds"] = r["server_seconds"] + api
-        decode = await profile_decode(c, g, log)
-        mixed = await profile_mixed(c, g, log)
-        p = {"prefill": prefill, "decode": decode, "mixed": mixed}
-        kv = await profile_kv(c, g, fit_profile(p), log) if len(urls) > 1 else []
-        cont = await profile_contention(c, g, log) if len(urls) > 1 else []
-        p.update({"kv_transfer": kv, "contention": cont, "api_overhead_s": api,
-                  "profiling_s": time.perf_counter() - t0})
-        return p
+        p = await profile_steps(c, g, log)
+        p["kv_transfer"] = await profile_kv(c, g, fit_profile(p), log) if len(urls) > 1 else []
+        p["contention"] = await profile_contention(c, g, log) if len(urls) > 1 else []
+        p["profiling_s"] = time.perf_counter() - t0
+        q = None
+        if contended and len(urls) > 1:
+            log("contended: engine 1 runs a background load")
+            stop = asyncio.Event()
+            bg = asyncio.ensure_future(background_load(c, 1, stop))
+            q = await profile_steps(c, g, log)
+            stop.set()
+            q["background_requests"] = await bg
+            q["kv_transfer"], q["contention"] = p["kv_transfer"], p["contention"]
+        return p, q
 
 
 # --- command line ---------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
     """`key=value` of this tool (out, grid, engines) and the rest as Hydra overrides of configs/config.yaml."""
-    own = {"out": "results/calibration/profile.json", "grid": "full", "engines": "2"}
+    own = {"out": "results/calibration/profile.json", "grid": "full", "engines": "2", "contended": "false",
+           "refit": ""}
     rest = []
     for a in argv:
         k, _, v = a.partition("=")
@@ -424,7 +529,10 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=["logger=none", *overrides])
 
 
-def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, log=print) -> dict:
+def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, contended: bool = False,
+              log=print) -> dict:
+    """Profiles the engines and writes `out` (and, with `contended`, `<out stem>_contended.json`: the same
+    steps measured while the other engine works, the upper bracket of CPU contention between servers)."""
     from omegaconf import OmegaConf
 
     from harness.api import Role
@@ -437,41 +545,92 @@ def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, log=
         raise ValueError(f"backend.name={bcfg['name']!r}: calibrate profiles a real engine; allowed: vllm_cpu, vllm")
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     specs, kv_dir = server_specs(bcfg, engines, cluster.gpus_per_engine, cluster.parallelism[Role.COLOCATED].tp)
-    pool = EnginePool(specs, use_ray=False)
+    # Ray actors own the servers, as in the real backend. (Without Ray, EnginePool starts servers from
+    # worker threads, and PR_SET_PDEATHSIG sends SIGTERM when that *thread* exits: the server dies at once.)
+    ray_cfg = bcfg.get("ray") or {}
+    pool = EnginePool(specs, use_ray=True, ray_address=ray_cfg.get("address"))
     t0 = time.perf_counter()
     try:
         urls = pool.start()
         log(f"servers up in {time.perf_counter() - t0:.0f} s: {urls}")
-        p = asyncio.run(profile_engine(urls, grid, int(bcfg.get("vocab", 4096)), int(bcfg["max_model_len"]), log))
+        p, q = asyncio.run(profile_engine(urls, grid, int(bcfg.get("vocab", 4096)), int(bcfg["max_model_len"]),
+                                          contended, log))
     finally:
         pool.stop()
         shutil.rmtree(kv_dir, ignore_errors=True)
+        import ray
+        ray.shutdown()
+    meta = {"backend": bcfg["name"], "cluster": cluster.name, "model": cluster.model.name,
+            "gpu": cluster.gpu.name, "dtype": bcfg.get("dtype"), "engines": engines, "grid": asdict(grid),
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]}
+    if q is not None:
+        path = Path(out).with_name(Path(out).stem + "_contended.json")
+        finish_profile(q, cluster, str(path), {**meta, "contended": True})
+        write_profile(path, q)
+    finish_profile(p, cluster, out, {**meta, "contended": False})
+    write_profile(out, p)
+    return p
+
+
+def drop_split_batches(p: dict, token_budget: int) -> None:
+    """Moves decode rows whose batch of prompts did not fit one prefill step (batch * prompt > the servers'
+    --max-num-batched-tokens, no chunked prefill) to `excluded`: their requests' prefills ran in several
+    steps between the others' decode steps, so their inter-token latency holds prefill time."""
+    keep, drop = [], []
+    for r in p["decode"]:
+        prompt = r.get("prompt_tokens", r["context"] - p.get("meta", {}).get("grid", {}).get("decode_tokens", 32) / 2)
+        (drop if r["batch"] * prompt > token_budget else keep).append(r)
+    p["decode"] = keep
+    p.setdefault("excluded", {})["decode_split_prefill"] = drop
+
+
+def finish_profile(p: dict, cluster, out: str, meta: dict) -> None:
+    """Adds the fits and the simulator overrides to a measured profile (in place)."""
+    from harness.api import Role
+    p["meta"] = meta
+    drop_split_batches(p, cluster.max_num_batched_tokens)
     par = cluster.parallelism[Role.COLOCATED]
     rf = fit_roofline(measurements_from_profile(p), cluster.model, cluster.gpu, par, cluster.perf)
     kv = fit_kv_transfer(p["kv_transfer"], cluster.model.kv_bytes_per_token, cluster.gpu.nic_bw)
     p.update({
         "version": PROFILE_VERSION,
-        "meta": {"backend": bcfg["name"], "cluster": cluster.name, "model": cluster.model.name,
-                 "gpu": cluster.gpu.name, "dtype": bcfg.get("dtype"), "engines": engines, "grid": asdict(grid),
-                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]},
+        "meta": meta,
         "profiled_fit": fit_profile(p), "profiled_fit_errors": profiled_errors(p),
         "roofline_fit": {**{k: getattr(rf.perf, k) for k in FITTED}, "rel_rmse": rf.rel_rmse,
                          "max_rel_error": rf.max_rel_error, "regimes": rf.regimes},
         "kv_transfer_fit": kv,
         # What a simulator run needs to use this calibration (harness.fidelity passes these on).
         "cluster_overrides": {"cluster.cost_model": "profiled", "cluster.profile": str(out),
-                              **({"cluster.kv_transfer_setup_s": kv["kv_transfer_setup_s"],
-                                  "++cluster.perf.nic_efficiency": kv["nic_efficiency"]} if kv else {})},
+                              **({"cluster.kv_transfer_setup_s": kv["kv_transfer_setup_s"]} if kv else {}),
+                              **({"++cluster.perf.nic_efficiency": kv["nic_efficiency"]} if "nic_efficiency" in kv else {})},
     })
-    write_profile(out, p)
+
+
+def refit(path: str, overrides: list[str]) -> dict:
+    """Recomputes the fits of an existing profile file (no engines): after a change of the fitting code."""
+    from omegaconf import OmegaConf
+
+    from harness.cluster import cluster_from_config
+    cfg = compose_config(["cluster=cpu_small", *overrides])
+    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+    p = read_profile(path)
+    p["decode"] = p["decode"] + p.get("excluded", {}).get("decode_split_prefill", [])
+    finish_profile(p, cluster, path, p.get("meta", {}))
+    write_profile(path, p)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     own, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    p = calibrate(overrides, own["out"], GRIDS[own["grid"]], int(own["engines"]))
+    if own["refit"]:
+        p = refit(own["refit"], overrides)
+        print(json.dumps({k: p[k] for k in ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit")},
+                         indent=1, default=float))
+        return
+    p = calibrate(overrides, own["out"], GRIDS[own["grid"]], int(own["engines"]),
+                  own["contended"].lower() in ("1", "true", "yes"))
     print(json.dumps({k: p[k] for k in ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit",
-                                        "contention", "api_overhead_s")}, indent=1, default=float))
+                                        "contention", "api_overhead_s")}, indent=1, default=float), flush=True)
     print(f"wrote {own['out']}")
 
 

@@ -111,14 +111,20 @@ class Prorsa:
 
     # --- helpers --------------------------------------------------------------------------------
     def prior_split(self) -> int:
-        """The allocator's split for the load the priors predict at the start of a rollout."""
+        """The allocator's split for the load the priors predict at the start of a rollout: every
+        trajectory's first prompt at once, then one turn per cycle (a tool call, lognormal mean, and
+        a decode at the default time per token), each appending the tool's output."""
         p, n = self.priors, self.expected_in_flight
         out, tool, prompt = p["output_tokens"].median, p["tool_output_tokens"].median, p["prompt_tokens"].median
-        turns = p["turns"].median
-        context = prompt + turns / 2 * (out + tool)
-        load = Load(horizon_s=self.horizon_s, prefill_rate=n * (prompt + (turns - 1) * (out + tool)) / self.horizon_s,
-                    turn_prefill=prompt, output=out, turns=n * turns, decoding=n, kv_per_seq=context,
-                    context=context, in_flight=0)
+        latency = p["tool_latency_s"]
+        decode_s = out * self.forecaster.default_tpot_s
+        cycle = latency.median * np.exp(latency.sigma ** 2 / 2) + decode_s
+        turns = min(p["turns"].median, 1 + self.horizon_s / cycle)
+        context = prompt + p["turns"].median / 2 * (out + tool)
+        load = Load(horizon_s=self.horizon_s,
+                    prefill_rate=n * (prompt + (turns - 1) * tool) / self.horizon_s,
+                    turn_prefill=(prompt + (turns - 1) * tool) / turns, output=out, turns=n * turns,
+                    decoding=n * min(1.0, decode_s / cycle), kv_per_seq=context, context=context, in_flight=0)
         return self.allocator.decide(COLOCATED, load).num_prefill
 
     def present_state(self, view: ClusterView) -> Forecast:

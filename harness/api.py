@@ -38,6 +38,7 @@ class EventKind(str, enum.Enum):
     ROLE_SWITCH_START = "role_switch_start"
     ROLE_SWITCH_END = "role_switch_end"
     ENGINE_FAILED = "engine_failed"
+    ENGINE_RECOVERED = "engine_recovered"   # a failed engine is back, in its role
 
 
 @dataclass(frozen=True)

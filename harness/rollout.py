@@ -224,7 +224,7 @@ class RolloutDriver:
         self._emit(e)
         if e.kind == K.DECODE_END:
             self._after_decode(e.trajectory_id, e.turn)
-        elif e.kind == K.ROLE_SWITCH_END and self.parked and not self._switching():
+        elif e.kind in (K.ROLE_SWITCH_END, K.ENGINE_RECOVERED) and self.parked and not self._switching():
             # Parked turns wait for the whole transition, so they spread over every new engine
             # instead of piling onto the first one back.
             self._retry_parked()

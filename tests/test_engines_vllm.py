@@ -216,7 +216,7 @@ def test_engine_killed_mid_rollout(pool):
     assert set(zip(returned.trajectory_id, returned.turn)) <= set(zip(retried.trajectory_id, retried.turn))
     # the server came back and rejoined the pool
     assert backend.engines[1].restarts == 1 and backend.engines[1].available
-    assert any(e.kind == EventKind.ROLE_SWITCH_END and e.detail == "restart:colocated" for e in result.events)
+    assert any(e.kind == EventKind.ENGINE_RECOVERED and e.detail == "colocated" for e in result.events)
     assert pool.healthy(1)
     assert not math.isnan(df.t_decode_end.max())
     print("killed", killed, "failures", backend.failures, "overhead", backend.overhead())

@@ -60,6 +60,7 @@ def test_known_speedups_per_policy_and_mode(sweep):
     assert table.loc[("sync", "fixed_pd[num_prefill=4]"), "speedup"] == pytest.approx(4.0)
     assert table.loc[("async", "fixed_pd[num_prefill=2]"), "speedup"] == pytest.approx(1.5)
     assert table.loc[("sync", "colocate"), "speedup"] == pytest.approx(1.0)
+    assert table.loc[("sync", "best_fixed"), "speedup"] == pytest.approx(4.0)    # best split in hindsight
     # efficiency = lower_bound / rollout time, averaged over seeds: (50/50 + 50/60) / 2
     assert table.loc[("sync", "fixed_pd[num_prefill=2]"), "efficiency"] == pytest.approx((1 + 50 / 60) / 2)
 
@@ -70,7 +71,9 @@ def test_report_files_name_failed_runs_and_figures_exist(sweep, capsys):
     assert csv.loc["sync", "speedup[fixed_pd[num_prefill=2]]"] == pytest.approx(2.0)
     assert csv.loc["sync", "seeds[fixed_pd[num_prefill=2]]"] == 2       # the partial seed-2 run is not counted
     md = (sweep / "speedup.md").read_text()
-    assert "| synthetic" not in md and "| search | sync | dense_h100 | 1.00 ± 0.00 (n=2) | 2.00 ± 0.00 (n=2)" in md
+    # columns: colocate, best_fixed (the fastest split in hindsight: 4P), fixed_pd[2], fixed_pd[4]
+    row = "| search | sync | dense_h100 | 1.00 ± 0.00 (n=2) | 4.00 ± 0.00 (n=2) | 2.00 ± 0.00 (n=2) | 4.00 ± 0.00 (n=2)"
+    assert "| synthetic" not in md and row in md
     failed_section = md.split("## Failed runs")[1]
     for name, why in [("pd2_partial", "3 of 4 trajectories"), ("crashed", "no summary.json"),
                       ("failed", "policy.num_prefill=0 is invalid")]:

@@ -24,8 +24,8 @@ Engine failure: a leg whose server is gone (connection refused or dropped, or /h
 the engine failed (ENGINE_FAILED), every turn with a leg on it is handed back to the driver (the policy
 routes it again; its finished legs count as work done, nothing is counted twice: DECODE_END is emitted
 only by the attempt that completes), and the server is restarted; when it is healthy again the engine
-rejoins the pool with its role and a ROLE_SWITCH_END (detail "restart:<role>") tells the driver to retry
-turns it parked meanwhile.
+rejoins the pool with its role and an ENGINE_RECOVERED event tells the driver to retry turns it parked
+meanwhile.
 """
 from __future__ import annotations
 
@@ -488,8 +488,7 @@ class HttpBackendBase:
             e.role, e.target_role = e.target_role, None
         e.available = True
         self._close_interval(e, "serving")
-        self._emit(LifecycleEvent(K.ROLE_SWITCH_END, self.now(), engine_id=e.engine_id,
-                                  detail=f"restart:{e.role.value}"))
+        self._emit(LifecycleEvent(K.ENGINE_RECOVERED, self.now(), engine_id=e.engine_id, detail=e.role.value))
 
     async def _kill(self, engine_id: int) -> None:
         await self._kill_server(engine_id)

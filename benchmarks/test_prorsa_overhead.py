@@ -7,7 +7,6 @@ from hydra.utils import instantiate
 from harness.api import ClusterView, EngineState
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
-from harness.api import Role
 from tests.conftest import cluster_of, load_config
 
 OVERRIDES = ["cluster=moe_h200", "policy=prorsa", "workload=swe"]

@@ -7,7 +7,7 @@ from harness.api import LifecycleEvent as E
 from harness.api import Role
 from harness.cluster import cluster_from_config
 from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
-from harness.prorsa.forecaster import Forecast, Forecaster, Prior
+from harness.prorsa.forecaster import Forecaster, Prior
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from omegaconf import OmegaConf
 from tests.conftest import load_config

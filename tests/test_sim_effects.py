@@ -1,5 +1,4 @@
 """Known answers computed by hand, and the effects the model must show (issue: 'effects')."""
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -87,6 +87,9 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         wall = time.perf_counter() - wall0
         summary = summarize(cfg, cluster, mode, result, backend, wall, policy.name, workload.name)
         summary.update(policy.metrics())
+        forecast = policy.forecast_frame() if hasattr(policy, "forecast_frame") else None
+        if forecast is not None:   # Prorsa: its forecasts against what happened
+            _atomic(out / "forecast.parquet", lambda p: forecast.to_parquet(p, index=False))
         if hasattr(backend, "leg_frame"):   # real engines: per-leg client and server times
             _atomic(out / "legs.parquet", lambda p: backend.leg_frame().to_parquet(p, index=False))
             summary["harness_overhead"] = backend.overhead()

@@ -80,7 +80,9 @@ class WandbLogger:
 
         self.run.summary.update(summary)
         if self.cfg.tables:
-            for name in ("lifecycle", "engines"):
+            for name in ("lifecycle", "engines", "forecast"):
+                if not (out_dir / f"{name}.parquet").exists():
+                    continue   # forecast.parquet: only policies that forecast write it
                 df = pd.read_parquet(out_dir / f"{name}.parquet")
                 if len(df) > self.cfg.max_table_rows:
                     print(f"W&B: {name} has {len(df)} rows > logger.max_table_rows={self.cfg.max_table_rows}; "
@@ -91,9 +93,10 @@ class WandbLogger:
                 self.run.log({f"{name}_table": self.wandb.Table(columns=list(df.columns), data=rows,
                                                                 allow_mixed_types=True)})
         artifact = self.wandb.Artifact(f"results-{self.run.id}", type="results")
-        for name in RESULT_FILES:
-            # immutable: the files are final, so W&B references them instead of copying them.
-            artifact.add_file(str(out_dir / name), policy="immutable")
+        for name in RESULT_FILES + ("forecast.parquet",):
+            if (out_dir / name).exists():
+                # immutable: the files are final, so W&B references them instead of copying them.
+                artifact.add_file(str(out_dir / name), policy="immutable")
         self.run.log_artifact(artifact)
 
     def finish(self, failed: bool) -> None:

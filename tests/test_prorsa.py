@@ -78,6 +78,9 @@ def test_forecast_error_is_recorded_per_bin():
     f.forecast(7.0, t)                   # a later sample closes the horizon
     err = f.errors()
     assert err["forecast_wape_prefill"][1] == 0.0
+    rows = f.frame()                     # forecast.parquet: the forecast at t=2 against what happened
+    first = rows[rows.t == 2.0].set_index("bin")
+    assert first.loc[1, "prefill_forecast"] == first.loc[1, "prefill_actual"] == 250
     assert len(err["forecast_wape_decode"]) == 4
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+import pandas as pd
 
 from harness.prorsa.tracker import LifecycleTracker, Phase
 
@@ -184,32 +185,41 @@ class Forecaster:
         self.history.append(fc)
         return fc
 
-    def errors(self) -> dict[str, list[float]]:
-        """Weighted absolute percentage error per bin (sum |forecast - actual| / sum actual), for every
-        forecast whose horizon has fully passed; prefill arrivals and decoding sequences."""
+    def frame(self) -> pd.DataFrame:
+        """Forecast against what happened, one row per forecast and bin, for every forecast whose
+        horizon has fully passed: prefill tokens arriving in the bin, sequences decoding at its middle."""
+        cols = ["t", "bin", "t_mid", "prefill_forecast", "prefill_actual", "decode_forecast", "decode_actual"]
         if not self.actual_decode or not self.history:
-            return {"forecast_wape_prefill": [], "forecast_wape_decode": []}
+            return pd.DataFrame(columns=cols)
         t_end = self.actual_decode[-1][0]
         ts = np.array([a[0] for a in self.actual_decode])
         seqs = np.array([a[1] for a in self.actual_decode], dtype=float)
-        at = np.array([a[0] for a in self.arrivals]) if self.arrivals else np.zeros(0)
-        cum = np.concatenate(([0.0], np.cumsum([a[1] for a in self.arrivals]))) if self.arrivals else np.zeros(1)
-        err_p, tot_p = np.zeros(self.bins), np.zeros(self.bins)
-        err_d, tot_d = np.zeros(self.bins), np.zeros(self.bins)
+        at = np.array([a[0] for a in self.arrivals])
+        cum = np.concatenate(([0.0], np.cumsum([a[1] for a in self.arrivals])))
+        parts = []
         for fc in self.history:
             edges = fc.t + np.arange(fc.bins + 1) * fc.bin_s
             if edges[-1] > t_end:
                 continue
+            mids = (edges[:-1] + edges[1:]) / 2
             # arrivals in (edges[b], edges[b+1]]: the forecast at t counts prompts not yet ready at t
-            idx = np.searchsorted(at, edges, side="right")
-            actual_p = np.diff(cum[idx])
-            actual_d = np.interp((edges[:-1] + edges[1:]) / 2, ts, seqs)
-            err_p += np.abs(fc.prefill_tokens - actual_p)
-            tot_p += actual_p
-            err_d += np.abs(fc.decode_seqs - actual_d)
-            tot_d += actual_d
-        with np.errstate(invalid="ignore", divide="ignore"):
-            wp = np.where(tot_p > 0, err_p / tot_p, np.nan)
-            wd = np.where(tot_d > 0, err_d / tot_d, np.nan)
-        return {"forecast_wape_prefill": [round(float(x), 4) for x in wp],
-                "forecast_wape_decode": [round(float(x), 4) for x in wd]}
+            actual_p = np.diff(cum[np.searchsorted(at, edges, side="right")])
+            parts.append(pd.DataFrame({"t": fc.t, "bin": np.arange(fc.bins), "t_mid": mids,
+                                       "prefill_forecast": fc.prefill_tokens, "prefill_actual": actual_p,
+                                       "decode_forecast": fc.decode_seqs,
+                                       "decode_actual": np.interp(mids, ts, seqs)}))
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+    def errors(self) -> dict[str, list[float]]:
+        """Weighted absolute percentage error per bin: sum |forecast - actual| / sum actual."""
+        df = self.frame()
+        out = {}
+        for what in ("prefill", "decode"):
+            wape = []
+            for b in range(self.bins):
+                rows = df[df["bin"] == b]
+                total = float(rows[f"{what}_actual"].sum())
+                err = float((rows[f"{what}_forecast"] - rows[f"{what}_actual"]).abs().sum())
+                wape.append(round(err / total, 4) if total > 0 else float("nan"))
+            out[f"forecast_wape_{what}"] = wape
+        return out

@@ -103,6 +103,10 @@ class Prorsa:
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix)
 
+    def forecast_frame(self):
+        """Forecast vs actual per bin (forecast.parquet), when forecasting is on."""
+        return self.forecaster.frame() if self.use_forecast else None
+
     def metrics(self) -> dict:
         out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions]}
         if self.use_forecast:

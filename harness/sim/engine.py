@@ -147,8 +147,7 @@ class SimEngine:
                 best = i
                 break
         if best is None:
-            best = min(range(len(self.ranks)),
-                       key=lambda i: (self.ranks[i].kv_used + sum(w.target for w in self.ranks[i].waiting), i))
+            best = min(range(len(self.ranks)), key=lambda i: (self.ranks[i].kv_used + self.ranks[i].waiting_kv, i))
         s.rank = best
         need = s.request.prompt_tokens if s.kind == DECODE else s.target
         if need > self.ranks[best].capacity:

@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from workloads.trace import TraceError, expect_int, parse_line
+from workloads.trace import TraceError, expect_int, json_lines, parse_line
 
 NS = 1e-9
 
@@ -63,16 +63,8 @@ def import_sessions(src: str | Path, dst: str | Path, family: str = "llmservings
         raise ValueError(f"group_size={group_size} is invalid; allowed: an integer >= 1")
     src = Path(src)
     lines = []
-    with src.open() as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            where = f"{src}:{lineno}"
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            lines.append(session_to_line(obj, where, len(lines) // group_size, family))
+    for where, obj in json_lines(src):
+        lines.append(session_to_line(obj, where, len(lines) // group_size, family))
     if len(lines) % group_size:
         raise TraceError(f"{src}: {len(lines)} sessions do not split into groups of {group_size}")
     Path(dst).write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -102,32 +102,37 @@ def parse_line(obj, where: str) -> tuple[int | str, TrajectoryScript]:
     return group, script
 
 
-def read_trace(path: str | Path) -> list[list[TrajectoryScript]]:
-    """Every group of the file, in order of first appearance; raises TraceError on the first bad line."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
-    groups: dict[int | str, list[TrajectoryScript]] = {}
-    first_line: dict[int | str, int] = {}
+def json_lines(path: Path) -> Iterator[tuple[str, object]]:
+    """(`file:line`, parsed object) for every non-blank line; a line that is not JSON is a TraceError."""
     with path.open() as f:
         for lineno, text in enumerate(f, start=1):
             if not text.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                obj = json.loads(text)
+                yield where, json.loads(text)
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            key, script = parse_line(obj, where)
-            groups.setdefault(key, []).append(script)
-            first_line.setdefault(key, lineno)
+
+
+def read_trace(path: str | Path) -> list[list[TrajectoryScript]]:
+    """Every group of the file, in order of first appearance; raises TraceError on the first bad line."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    groups: dict[int | str, list[TrajectoryScript]] = {}
+    first_line: dict[int | str, str] = {}
+    for where, obj in json_lines(path):
+        key, script = parse_line(obj, where)
+        groups.setdefault(key, []).append(script)
+        first_line.setdefault(key, where)
     if not groups:
         raise TraceError(f"{path}: no trajectories")
     sizes = {k: len(v) for k, v in groups.items()}
     size = next(iter(sizes.values()))
     for key, n in sizes.items():
         if n != size:
-            raise TraceError(f"{path}:{first_line[key]}: field 'group': group {key!r} has {n} trajectories, "
+            raise TraceError(f"{first_line[key]}: field 'group': group {key!r} has {n} trajectories, "
                              f"the first group has {size}; every group must have the same size")
     return list(groups.values())
 

@@ -4,10 +4,11 @@ import pytest
 
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
-from harness.api import Role
+from harness.api import ClusterView, Role
 from harness.cluster import cluster_from_config
 from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
 from harness.prorsa.forecaster import Forecaster, Prior
+from harness.prorsa.switcher import current_split, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from omegaconf import OmegaConf
 from tests.conftest import load_config
@@ -142,3 +143,31 @@ def test_hysteresis_and_switch_cost_hold_a_small_gain():
     assert strict.decide(3, l).num_prefill == 3
     # ...and so does a switch cost larger than the gain (many trajectories in flight).
     assert a.decide(3, load(1e5, 256, 8000, in_flight=10**7)).num_prefill == 3
+
+
+def engines(roles, decoding=None, waiting=None, target=None):
+    from harness.api import EngineState
+    n = len(roles)
+    decoding, waiting, target = decoding or [0] * n, waiting or [0] * n, target or [None] * n
+    return ClusterView(now=0.0, engines=[
+        EngineState(engine_id=i, role=r, available=t is None, gpus=4, waiting_requests=0,
+                    waiting_prefill_tokens=w, running_requests=d, decoding_requests=d, kv_used_tokens=100 * d,
+                    kv_capacity_tokens=10**6, target_role=t)
+        for i, (r, d, w, t) in enumerate(zip(roles, decoding, waiting, target))])
+
+
+def test_switcher_moves_the_cheapest_engines_to_drain():
+    P, D, C = Role.PREFILL, Role.DECODE, Role.COLOCATED
+    view = engines([P, D, D, D], decoding=[0, 9, 2, 5])
+    assert current_split(view) == 1
+    # one more prefill engine: the decode engine with the fewest running sequences (engine 2)
+    assert target_roles(view, 2) == {0: P, 1: D, 2: P, 3: D}
+    # one fewer: the prefill engine with the least queued prefill becomes a decode engine
+    view = engines([P, P, D, D], waiting=[500, 100, 0, 0])
+    assert target_roles(view, 1) == {0: P, 1: D, 2: D, 3: D}
+    # from colocation: the least decode-loaded engines become the prefill pool
+    view = engines([C, C, C, C], decoding=[7, 1, 3, 0])
+    assert current_split(view) == COLOCATED
+    assert target_roles(view, 2) == {0: D, 1: P, 2: D, 3: P}
+    # while any engine is switching, the split is not settled and Prorsa waits
+    assert current_split(engines([P, D, D, D], target=[None, P, None, None])) is None

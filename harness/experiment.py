@@ -85,7 +85,8 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         wall0 = time.perf_counter()
         result = driver.run()
         wall = time.perf_counter() - wall0
-        summary = summarize(cfg, cluster, mode, result, backend, wall, policy.name, workload.name)
+        lifecycle = lifecycle_frame(result)
+        summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
         summary.update(policy.metrics())
         forecast = policy.forecast_frame() if hasattr(policy, "forecast_frame") else None
         if forecast is not None:   # Prorsa: its forecasts against what happened
@@ -95,7 +96,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
             summary["harness_overhead"] = backend.overhead()
         summary["config_hash"] = config_hash(cfg)
         timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
-        write_results(out, result, timeline, sampler.frame())
+        write_results(out, lifecycle, timeline, sampler.frame())
         logger.log_results(out, summary)
         failed = False
     finally:
@@ -142,9 +143,8 @@ def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
     return pd.DataFrame([r.__dict__ for r in result.records], columns=TURN_COLUMNS)
 
 
-def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResult, backend, wall_s: float,
-              policy_name: str, workload_name: str) -> dict:
-    df = lifecycle_frame(result)
+def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResult, df: pd.DataFrame, backend,
+              wall_s: float, policy_name: str, workload_name: str) -> dict:
     done = int(df.groupby("trajectory_id")["t_decode_end"].apply(lambda s: s.notna().all()).sum()) if len(df) else 0
     lb = lower_bound_s(cluster, result.scripts, mode.name)
     summary = {
@@ -175,8 +175,8 @@ def _atomic(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def write_results(out: Path, result: RolloutResult, timeline: list[dict], timeseries: pd.DataFrame) -> None:
-    _atomic(out / "lifecycle.parquet", lambda p: lifecycle_frame(result).to_parquet(p, index=False))
+def write_results(out: Path, lifecycle: pd.DataFrame, timeline: list[dict], timeseries: pd.DataFrame) -> None:
+    _atomic(out / "lifecycle.parquet", lambda p: lifecycle.to_parquet(p, index=False))
     _atomic(out / "engines.parquet", lambda p: pd.DataFrame(
         timeline, columns=["engine_id", "t_start", "t_end", "role", "state", "busy_s", "utilisation"]
     ).to_parquet(p, index=False))

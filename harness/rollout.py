@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 from harness.api import Backend, ClusterView, EventKind, LifecycleEvent, Policy, Role, Route, TurnRequest
 from harness.trajectory import TrajectoryScript, TurnRecord, validate_script
@@ -91,6 +92,10 @@ class RolloutDriver:
             self._fill_async()
         if self.policy.control_interval_s:
             self.backend.call_later(0.0, self._control_tick)
+        return self.resume()
+
+    def resume(self) -> RolloutResult:
+        """Run the backend to the end and collect the result (a fork continues from its instant)."""
         self.backend.run()
         if self.completed != self.total:
             raise RuntimeError(f"rollout stalled: {self.completed} of {self.total} trajectories completed "
@@ -171,9 +176,13 @@ class RolloutDriver:
                 if script.step + 1 < self.mode.num_steps:
                     self._start_sync_step(script.step + 1)
         else:
+            if self.completed % self.batch_traj == 0 and self.completed < self.total:
+                self.backend.update_weights()   # the trainer consumed a batch and updated the weights
             self._fill_async()
 
     def _start_sync_step(self, step: int) -> None:
+        if step:
+            self.backend.update_weights()   # the trainer's update between two steps
         self.step_windows.append((self.backend.now(), math.nan))
         batch = self._batch(step)
         while batch:
@@ -237,20 +246,31 @@ class RolloutDriver:
             self._trajectory_end(tid)
             return
 
-        def tool_done():
-            rec.t_tool_end = self.backend.now()
-            self._emit(LifecycleEvent(EventKind.TOOL_END, rec.t_tool_end, tid, turn,
-                                      tokens=script.tool_output_tokens(turn)))
-            self._turn_ready(script, turn + 1)
-        self.backend.call_later(script.turns[turn].tool_latency_s, tool_done)
+        self.backend.call_later(script.turns[turn].tool_latency_s, partial(self._tool_done, script, turn))
+
+    def _tool_done(self, script: TrajectoryScript, turn: int) -> None:
+        rec = self.records[(script.trajectory_id, turn)]
+        rec.t_tool_end = self.backend.now()
+        self._emit(LifecycleEvent(EventKind.TOOL_END, rec.t_tool_end, script.trajectory_id, turn,
+                                  tokens=script.tool_output_tokens(turn)))
+        self._turn_ready(script, turn + 1)
 
     def _control_tick(self) -> None:
-        if self.completed == self.total:
-            return
+        if self.completed == self.total or not self.policy.control_interval_s:
+            return   # done, or (in a fork) a policy that never re-plans
         view = self.backend.view()
-        wanted = self.policy.plan(view)
+        self.apply_roles(view, self.policy.plan(view))
+        self.backend.call_later(self.policy.control_interval_s, self._control_tick)
+
+    def apply_roles(self, view: ClusterView, wanted: dict[int, Role] | None) -> None:
+        """Start the role switches `wanted` asks for (engines not already in or moving to that role)."""
         for e in view.engines:
             role = (wanted or {}).get(e.engine_id)
             if role is not None and role != (e.target_role or e.role) and e.target_role is None:
                 self.backend.switch_role(e.engine_id, role)
-        self.backend.call_later(self.policy.control_interval_s, self._control_tick)
+
+    def fork(self, policy: Policy | None = None) -> RolloutDriver:
+        """An independent copy of this rollout at this instant (its backend, workload, progress and
+        policy), to be continued with `resume()`; driven from now on by `policy` if one is given.
+        Only the simulator can fork."""
+        return self.backend.fork(self, replace={id(self.policy): policy} if policy is not None else None)

@@ -55,7 +55,7 @@ class ClusterSampler:
             raise ValueError(f"sample_interval_s={self.interval_s} is invalid; allowed: > 0")
 
     def start(self) -> None:
-        self.backend.call_later(0.0, self._tick)
+        self.backend.call_later(0.0, self._tick, observer=True)
 
     def _tick(self) -> None:
         sample = self._sample()
@@ -63,7 +63,7 @@ class ClusterSampler:
         for listener in self.listeners:
             listener(sample)
         if self.driver.completed < self.driver.total:
-            self.backend.call_later(self.interval_s, self._tick)
+            self.backend.call_later(self.interval_s, self._tick, observer=True)
 
     def _sample(self) -> Sample:
         view = self.backend.view()

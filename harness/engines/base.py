@@ -158,7 +158,7 @@ class HttpBackendBase:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+    def call_later(self, delay_s: float, callback: Callable[[], None], observer: bool = False) -> None:
         if self._in_decode_end:
             delay_s *= self.time_scale
         self._pending += 1
@@ -166,6 +166,13 @@ class HttpBackendBase:
 
     def set_listener(self, on_event, on_returned) -> None:
         self._on_event, self._on_returned = on_event, on_returned
+
+    def update_weights(self) -> None:
+        """Real-engine runs here serve fixed random weights: no weight update reaches the servers, so
+        their prefix caches are kept (the simulator's `flush_prefix_cache_on_weight_update` models it)."""
+
+    def fork(self, root, replace=None):
+        raise ValueError("backend.fork: only the simulator (backend=sim) can fork a run")
 
     def submit(self, request: TurnRequest, route: Route) -> None:
         key = (request.trajectory_id, request.turn)

@@ -43,10 +43,11 @@ class ProfiledCostModel(RooflineCostModel):
         return (base + k["prefill_s_per_token"] * b.prefill_tokens + k["prefill_s_per_attn_ctx"] * b.prefill_attn_ctx
                 + k["decode_s_per_seq"] * b.decode_seqs + k["decode_s_per_ctx"] * b.decode_ctx)
 
-    def step_time(self, ranks: list[RankBatch]) -> float:
+    def step_time(self, ranks: list[RankBatch], graph: bool = True) -> float:
+        """The profile measured the engine as it ran (graph or not): `graph` does not apply."""
         return max(self.rank_time(r) for r in ranks)
 
-    def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int) -> np.ndarray:
+    def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int, graph: bool = True) -> np.ndarray:
         k = self.k
         j = np.arange(steps, dtype=np.float64)[:, None]
         c = ctx[None, :].astype(np.float64) + j * seqs[None, :]

@@ -121,20 +121,21 @@ class RooflineCostModel:
             t += 2 * moe.layers * (self.perf.collective_latency_s + per_gpu / link)
         return t
 
-    def _fixed(self, requests: int, any_prefill: bool) -> float:
+    def _fixed(self, requests: int, eager: bool) -> float:
         t = self.perf.overhead_per_step_s + self.perf.overhead_per_request_s * requests
-        if any_prefill:
+        if eager:   # no CUDA graph: every layer's kernel launches are paid
             t += self.perf.overhead_per_layer_s * self.model.layers
         return t
 
-    def step_time(self, ranks: list[RankBatch]) -> float:
-        """Time of one engine step; ranks with no work still take part (DP attention idle batch)."""
+    def step_time(self, ranks: list[RankBatch], graph: bool = True) -> float:
+        """Time of one engine step; ranks with no work still take part (DP attention idle batch).
+        A step runs as a CUDA graph when no rank prefills and `graph` (the batch fits the graph)."""
         tokens = sum(r.tokens for r in ranks)
-        any_prefill = any(r.prefill_tokens for r in ranks)
+        eager = not graph or any(r.prefill_tokens for r in ranks)
         slowest = max(self.rank_time(r) for r in ranks)
-        return slowest + self.moe_time(tokens) + self._fixed(sum(r.requests for r in ranks), any_prefill)
+        return slowest + self.moe_time(tokens) + self._fixed(sum(r.requests for r in ranks), eager)
 
-    def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int) -> np.ndarray:
+    def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int, graph: bool = True) -> np.ndarray:
         """Times of `steps` consecutive decode-only steps whose batch does not change.
 
         seqs[r], ctx[r]: decoding sequences and their summed context on rank r at the first step;
@@ -149,4 +150,4 @@ class RooflineCostModel:
         comm = np.where(n > 0, self._tp_fixed + self._tp_s_per_token * n, 0.0)
         slowest = (np.maximum(compute, memory) + comm).max(axis=1)
         total = int(seqs.sum())
-        return slowest + (self.moe_time(total) + self._fixed(total, False))
+        return slowest + (self.moe_time(total) + self._fixed(total, not graph))

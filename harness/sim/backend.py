@@ -3,17 +3,28 @@
 It owns the clock, the engines, the KV-transfer links and role switches, and reports lifecycle
 events; it decides nothing (routing and roles come from the policy through the driver).
 KV transfer: setup latency + bytes / (NIC bandwidth of the engine's GPUs * efficiency), FIFO on
-the sender's and the receiver's NICs (reference/simulator.md, "KV transfer, memory, prefix cache").
+the sender's and the receiver's NICs (simulator references: Frontier, splitwise-sim).
+Role switches follow `cluster.switch_mechanism` (harness/cluster.py, SWITCH_MECHANISMS).
+`fork()` copies the whole simulation (driver, policy, backend) so a candidate allocation can be run
+forward without touching the original.
 """
 from __future__ import annotations
 
+import io
+import pickle
+from functools import partial
 from typing import Callable
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
-from harness.cluster import ClusterConfig, cost_model
+from harness.cluster import ClusterConfig, parallel_cost_model
+from harness.perf.roofline import Parallelism
 from harness.sim.clock import EventLoop
 from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
 from harness.timeline import RoleTimeline
+
+
+def _ignore(_) -> None:
+    """The listener before the driver sets one."""
 
 
 class SimBackend:
@@ -22,28 +33,40 @@ class SimBackend:
             raise ValueError(f"policy gave {len(roles)} roles for cluster.num_engines={cluster.num_engines}")
         self.cluster = cluster
         self.gpu = cluster.gpu
-        self.parallelism = cluster.parallelism
         self.loop = EventLoop()
-        self._cost_models = {}
-        cfg = EngineConfig(max_num_batched_tokens=cluster.max_num_batched_tokens,
+        self._cost_models: dict[Parallelism, object] = {}
+        sglang = cluster.engine == "sglang"
+        cfg = EngineConfig(prefill_budget=cluster.prefill_budget,
                            max_num_seqs=cluster.max_num_seqs, memory_fraction=cluster.memory_fraction,
                            activation_reserve_bytes=cluster.activation_reserve_bytes,
-                           fast_forward=fast_forward)
-        self.engines = [SimEngine(i, role, self, cfg) for i, role in enumerate(roles)]
+                           fast_forward=fast_forward, prefill_first=sglang,
+                           mixed_chunk=sglang and cluster.enable_mixed_chunk,
+                           cuda_graph_max_bs=cluster.cuda_graph_max_bs)
+        self.engines = [SimEngine(i, role, cluster.parallelism[role], self, cfg) for i, role in enumerate(roles)]
         self._nic_free = [0.0] * len(self.engines)
         self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
         self._inbound_tokens = [0] * len(self.engines)
         self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency
-        self._on_event: Callable[[LifecycleEvent], None] = lambda e: None
-        self._on_returned: Callable[[TurnRequest], None] = lambda r: None
-        self.timeline = RoleTimeline(roles, lambda i: self.engines[i].busy_s)
+        self._on_event: Callable[[LifecycleEvent], None] = _ignore
+        self._on_returned: Callable[[TurnRequest], None] = _ignore
+        self.timeline = RoleTimeline(roles, self._busy)
+        self.finished = False
+
+    def _busy(self, engine_id: int) -> float:
+        return self.engines[engine_id].busy_s
 
     # --- Backend contract ---------------------------------------------------------------------
     def now(self) -> float:
         return self.loop.now
 
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
-        self.loop.at(self.loop.now + delay_s, callback)
+    def call_later(self, delay_s: float, callback: Callable[[], None], observer: bool = False) -> None:
+        self.loop.at(self.loop.now + delay_s, callback, observer)
+
+    def update_weights(self) -> None:
+        """The trainer pushed new weights: cached prefixes were computed with the old ones."""
+        if self.cluster.flush_prefix_cache_on_weight_update:
+            for e in self.engines:
+                e.clear_prefix_cache()
 
     def set_listener(self, on_event, on_returned) -> None:
         self._on_event, self._on_returned = on_event, on_returned
@@ -63,9 +86,15 @@ class SimBackend:
             return
         e.target_role = role
         e.available = False
-        self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_START, self.loop.now, engine_id=engine_id,
                                       detail=f"{e.role.value}->{role.value}"))
+        if self.cluster.switch_mechanism == "kv_both":
+            # Nothing drains: the engine keeps what it runs and queues; only the router changes.
+            e.switching = True
+            self.timeline.enter(e.id, self.loop.now, e.role, "switching")
+            self.loop.at(self.loop.now + self.cluster.router_update_s, partial(self._switch_done, e, False))
+            return
+        self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         for leg in e.take_waiting():
             if leg.route.disaggregated:
                 self._inbound[leg.route.decode_engine] -= 1
@@ -94,15 +123,16 @@ class SimBackend:
 
     def run(self) -> None:
         self.loop.run()
+        self.finished = True
 
     def engine_timeline(self) -> list[dict]:
         return self.timeline.rows(self.loop.now)
 
     # --- called by engines --------------------------------------------------------------------
-    def cost_model(self, role: Role):
-        if role not in self._cost_models:
-            self._cost_models[role] = cost_model(self.cluster, role)
-        return self._cost_models[role]
+    def cost_model(self, par: Parallelism):
+        if par not in self._cost_models:
+            self._cost_models[par] = parallel_cost_model(self.cluster, par)
+        return self._cost_models[par]
 
     def emit(self, kind: EventKind, s: SimRequest, engine_id: int, tokens: int = 0, extra_tokens: int = 0):
         r = s.request
@@ -122,38 +152,78 @@ class SimBackend:
         end = start + self.cluster.kv_transfer_setup_s + tokens * self.cluster.model.kv_bytes_per_token / self._nic_bw
         self._nic_free[p] = self._nic_free[d] = end
 
-        def arrived():
-            r = s.request
-            self._on_event(LifecycleEvent(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d,
-                                          tokens))
-            self.engines[d].transfer_done(s)
-        self.loop.at(end, arrived)
+        self.loop.at(end, partial(self._arrived, s, tokens))
+
+    def _arrived(self, s: SimRequest, tokens: int) -> None:
+        r = s.request
+        d = s.route.decode_engine
+        self._on_event(LifecycleEvent(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d, tokens))
+        self.engines[d].transfer_done(s)
 
     def engine_went_idle(self, e: SimEngine) -> None:
         self._maybe_switch(e)
 
     # --- role switches ------------------------------------------------------------------------
     def _maybe_switch(self, e: SimEngine) -> None:
+        """drain / reshard: once the engine is idle and nothing is on its way to it, switch."""
         if e.target_role is None or e.switching or not e.idle or self._inbound[e.id]:
             return
         e.switching = True
-        role = e.target_role
-        reshard = self.cluster.parallelism[role] != self.cluster.parallelism[e.role]
+        par = self.cluster.parallelism[e.target_role]
+        reshard = self.cluster.switch_mechanism == "reshard" and par != e.par
         delay = self.cluster.reshard_switch_time_s if reshard else self.cluster.switch_time_s
         self.timeline.enter(e.id, self.loop.now, e.role, "switching")
+        self.loop.at(self.loop.now + delay, partial(self._switch_done, e, reshard))
 
-        def done():
-            old = e.role
-            if reshard:
-                e.configure(role)
-            elif self.cluster.reset_prefix_cache_on_switch:
-                e.clear_prefix_cache()
-            e.role = role
-            e.target_role = None
-            e.available = True
-            e.switching = False
-            self.timeline.enter(e.id, self.loop.now, e.role, "serving")
-            self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
-                                          detail=f"{old.value}->{role.value}"))
-            e.wake()
-        self.loop.at(self.loop.now + delay, done)
+    def _switch_done(self, e: SimEngine, reshard: bool) -> None:
+        old, role = e.role, e.target_role
+        if reshard:
+            e.configure(role, self.cluster.parallelism[role])
+        elif self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch:
+            e.clear_prefix_cache()
+        e.role = role
+        e.target_role = None
+        e.available = True
+        e.switching = False
+        self.timeline.enter(e.id, self.loop.now, e.role, "serving")
+        self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
+                                      detail=f"{old.value}->{role.value}"))
+        e.wake()
+
+    # --- forks ----------------------------------------------------------------------------------
+    def fork(self, root, replace: dict[int, object] | None = None):
+        """An independent copy of `root` (the object graph that holds this backend: the driver, its
+        policy and workload) at this instant, to be run forward on its own. Observer callbacks
+        (sampling, progress, logging) stay behind; objects whose id is a key of `replace` are
+        replaced by the value in the copy (e.g. the policy by another one)."""
+        if self.finished:
+            raise ValueError("backend.fork: the run has finished; fork a run in progress")
+        replace = replace or {}
+        heap = self.loop.without_observers()
+        buf = io.BytesIO()
+        try:
+            _Pickler(buf, replace).dump(root)
+        finally:
+            self.loop.restore(heap)
+        buf.seek(0)
+        return _Unpickler(buf, replace).load()
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles the simulation; the objects in `replace` travel by reference (persistent ids)."""
+
+    def __init__(self, buf, replace: dict[int, object]):
+        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self.replace = replace
+
+    def persistent_id(self, obj):
+        return id(obj) if id(obj) in self.replace else None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, buf, replace: dict[int, object]):
+        super().__init__(buf)
+        self.replace = replace
+
+    def persistent_load(self, pid):
+        return self.replace[pid]

@@ -1,10 +1,16 @@
 """One simulated engine: continuous batching over one or more data-parallel attention ranks.
 
-Modelled after vLLM v1's scheduler: each step first gives every decoding sequence one token, then
-fills the rest of the token budget with prefill chunks (chunked prefill), FCFS. KV memory is
-reserved for a request's whole prompt when it is admitted; decode grows it one token per step;
-when a step cannot get memory, the prefix cache is evicted (LRU) and then the most recently
-admitted request is preempted (its KV dropped and recomputed later, as vLLM's recompute mode).
+Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step:
+  - vllm (vLLM v1's scheduler): each step first gives every decoding sequence one token, then fills
+    the rest of the token budget (`max_num_batched_tokens`) with prefill chunks, FCFS;
+  - sglang (SGLang's scheduler): prefill first. A rank that can form a prefill batch (up to
+    `chunked_prefill_size` tokens) runs it and its decodes pause for that step, unless
+    `enable_mixed_chunk` lets them ride along; with DP attention the other ranks' steps stretch to it.
+    A decode step runs as a CUDA graph only if every rank decodes or idles and no rank's batch
+    exceeds `cuda_graph_max_bs`.
+KV memory is reserved for a request's whole prompt when it is admitted; decode grows it one token
+per step; when a step cannot get memory, the prefix cache is evicted (LRU) and then the most
+recently admitted request is preempted (its KV dropped and recomputed later, as vLLM's recompute mode).
 
 Decode progress is counted per rank (`decode_clock`), so a decode step costs O(1) whatever the
 batch size; while nothing can change a decode-only batch, many steps are advanced at once
@@ -15,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -92,15 +99,18 @@ class Rank:
 
 @dataclass
 class EngineConfig:
-    max_num_batched_tokens: int
+    prefill_budget: int             # prefill tokens per rank per step (vLLM: minus that step's decodes)
     max_num_seqs: int
     memory_fraction: float
     activation_reserve_bytes: float
     fast_forward: bool = True
+    prefill_first: bool = False     # SGLang: a rank with prefill work pauses its decodes for the step
+    mixed_chunk: bool = False       # SGLang --enable-mixed-chunk: decodes join the prefill step
+    cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
 
 
 class SimEngine:
-    def __init__(self, engine_id: int, role: Role, backend: SimBackend, cfg: EngineConfig):
+    def __init__(self, engine_id: int, role: Role, par: Parallelism, backend: SimBackend, cfg: EngineConfig):
         self.id = engine_id
         self.backend = backend
         self.cfg = cfg
@@ -115,12 +125,13 @@ class SimEngine:
         self._span_start = 0.0
         self._pending_wake = False
         self.busy_s = 0.0
-        self.configure(role)
+        self.configure(role, par)
 
     # --- configuration ------------------------------------------------------------------------
-    def configure(self, role: Role) -> None:
-        self.par: Parallelism = self.backend.parallelism[role]
-        self.cost = self.backend.cost_model(role)
+    def configure(self, role: Role, par: Parallelism) -> None:
+        """(Re)load the engine with parallelism `par` (launched for `role`): an empty KV cache."""
+        self.par = par
+        self.cost = self.backend.cost_model(par)
         cap = self.cost.kv_capacity_tokens(self.cfg.memory_fraction, self.cfg.activation_reserve_bytes)
         if cap <= 0:
             raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
@@ -170,8 +181,7 @@ class SimEngine:
             if i < len(self._span) - 1:
                 self._span = self._span[: i + 1]
                 self._version += 1
-                version = self._version
-                loop.at(float(self._span[-1]), lambda: self._end_span(version))
+                loop.at(float(self._span[-1]), partial(self._end_span, self._version))
             return
         if not self._busy and not self._pending_wake:
             self._pending_wake = True
@@ -297,6 +307,7 @@ class SimEngine:
         if self._busy:
             return
         loop = self.backend.loop
+        decoding = []                       # per rank: does it decode in this step
         for r in self.ranks:
             for s in r.ready:
                 # The first decode step re-feeds the last prompt token (its KV is recomputed on the
@@ -306,18 +317,30 @@ class SimEngine:
                 self._join_decode(r, s, generated=0)
                 self.backend.emit(EventKind.DECODE_START, s, self.id)
             r.ready.clear()
-            # As vLLM's scheduler: running requests get their decode slot first, then new ones are admitted.
-            self._reserve_decode_slots(r)
-            r.kv_used += r.decode_n
-            self._admit(r)
+            if self.cfg.prefill_first and not self.cfg.mixed_chunk:
+                # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.
+                self._admit(r)
+                decodes = not r.prefilling
+                if decodes:
+                    self._reserve_decode_slots(r)
+                    r.kv_used += r.decode_n
+            else:
+                # As vLLM's scheduler: running requests get their decode slot first, then new ones
+                # are admitted (SGLang's mixed chunk takes the same shape).
+                self._reserve_decode_slots(r)
+                r.kv_used += r.decode_n
+                self._admit(r)
+                decodes = True
+            decoding.append(decodes)
         steps = self._span_steps()
         if steps >= 2:
             self._start_span(steps)
             return
         batches, chunks = [], []
-        for r in self.ranks:
-            b = RankBatch(decode_seqs=r.decode_n, decode_ctx=r.decode_ctx, requests=r.decode_n)
-            budget = self.cfg.max_num_batched_tokens - r.decode_n
+        for r, decodes in zip(self.ranks, decoding):
+            n = r.decode_n if decodes else 0
+            b = RankBatch(decode_seqs=n, decode_ctx=r.decode_ctx if decodes else 0, requests=n)
+            budget = self.cfg.prefill_budget - n
             rank_chunks = []
             for s in r.prefilling.values():
                 if budget <= 0:
@@ -338,16 +361,21 @@ class SimEngine:
         if not any(b.tokens for b in batches):
             self.backend.engine_went_idle(self)  # nothing runnable: wait for an arrival or a transfer
             return
+        seqs = np.array([b.decode_seqs for b in batches])
         if all(b.prefill_tokens == 0 for b in batches):
-            dt = float(self.cost.decode_step_times(
-                np.array([r.decode_n for r in self.ranks]), np.array([r.decode_ctx for r in self.ranks]), 1)[0])
+            dt = float(self.cost.decode_step_times(seqs, np.array([b.decode_ctx for b in batches]), 1,
+                                                   self._graph(seqs))[0])
         else:
-            dt = self.cost.step_time(batches)
+            dt = self.cost.step_time(batches, self._graph(seqs))
         self._busy = True
         self.busy_s += dt
         self._version += 1
-        version = self._version
-        loop.at(loop.now + dt, lambda: self._end_step(version, chunks))
+        loop.at(loop.now + dt, partial(self._end_step, self._version, chunks, decoding))
+
+    def _graph(self, seqs: np.ndarray) -> bool:
+        """Whether a decode batch fits the captured CUDA graphs (`cuda_graph_max_bs`, 0: any)."""
+        limit = self.cfg.cuda_graph_max_bs
+        return not limit or int(seqs.max()) <= limit
 
     def _span_steps(self) -> int:
         """Decode steps that nothing inside this engine can interrupt (0: take one ordinary step)."""
@@ -370,14 +398,13 @@ class SimEngine:
     def _start_span(self, steps: int) -> None:
         seqs = np.array([r.decode_n for r in self.ranks])
         ctx = np.array([r.decode_ctx for r in self.ranks])
-        times = self.cost.decode_step_times(seqs, ctx, steps)
+        times = self.cost.decode_step_times(seqs, ctx, steps, self._graph(seqs))
         now = self.backend.loop.now
         self._span = np.cumsum(np.concatenate(([now], times)))[1:]
         self._span_start = now
         self._busy = True
         self._version += 1
-        version = self._version
-        self.backend.loop.at(float(self._span[-1]), lambda: self._end_span(version))
+        self.backend.loop.at(float(self._span[-1]), partial(self._end_span, self._version))
 
     def _end_span(self, version: int) -> None:
         if version != self._version:
@@ -396,12 +423,12 @@ class SimEngine:
         self._busy = False
         self._step()
 
-    def _end_step(self, version: int, chunks: list) -> None:
+    def _end_step(self, version: int, chunks: list, decoding: list[bool]) -> None:
         if version != self._version:
             return
         emit = self.backend.emit
-        for r, rank_chunks in zip(self.ranks, chunks):
-            if r.decode_n:
+        for r, rank_chunks, decoded in zip(self.ranks, chunks, decoding):
+            if r.decode_n and decoded:
                 r.decode_clock += 1
                 r.decode_ctx += r.decode_n
                 for s in r.first_token_due:

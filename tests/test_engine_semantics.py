@@ -1,0 +1,181 @@
+"""Engine step semantics (vLLM decode-first vs SGLang prefill-first), CUDA-graph limits, the
+weight-update prefix flush and forks: known answers computed by hand on a unit cost model.
+
+UnitCost: a rank's step takes 1 s if it decodes (any batch) plus 1 ms per prefill token; the engine's
+step is its slowest rank's (DP attention: every rank waits for the others); an eager (no CUDA graph)
+decode step adds 0.5 s.
+
+The case (one engine, two DP ranks): A (prompt 100, 5 output tokens) and C (prompt 50, 5 tokens)
+arrive at t=0 and land on ranks 0 and 1; B (prompt 2000, 2 tokens) arrives at t=0.05 and lands on
+rank 1 (less KV there). Step 1 prefills A and C (0.1 s); from t=0.1:
+  vLLM:   step 2 = rank 1 decodes C and prefills B: 1 + 2 = 3 s (rank 0's decode of A waits for it);
+          then 1 s decode steps: B ends at 4.1 (its 2nd token), A and C at 6.1.
+  SGLang: step 2 = rank 1 prefills B alone (2 s; C pauses), rank 0 decodes A in the stretched step;
+          B ends at 3.1, A at 5.1, C (one step behind) at 6.1.
+  SGLang --enable-mixed-chunk, chunked_prefill_size 1001: B is prefilled in two 1000-token chunks
+          alongside C's decode (2 s each): B ends at 5.1, A and C at 6.1.
+  SGLang, cuda_graph_max_bs=1: step 3 (rank 1 decodes C and B) is eager: +0.5 s; B ends at 3.6,
+          A at 5.6, C at 6.6.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.api import EventKind, Role, Route, TurnRequest
+from harness.perf.roofline import RankBatch
+from harness.sim.backend import SimBackend
+from tests.conftest import cluster_of
+
+TWO_RANKS = ["cluster=moe_h200", "cluster.num_engines=1", "cluster.gpus_per_engine=2",
+             "cluster.parallelism.colocated={tp:1,dp:2,ep:true}", "cluster.parallelism.prefill={tp:2,dp:1,ep:false}",
+             "cluster.parallelism.decode={tp:1,dp:2,ep:true}"]
+
+
+class UnitCost:
+    def kv_capacity_tokens(self, memory_fraction, activation_reserve_bytes) -> int:
+        return 100_000
+
+    @staticmethod
+    def _rank(b: RankBatch) -> float:
+        return (1.0 if b.decode_seqs else 0.0) + 1e-3 * b.prefill_tokens
+
+    def step_time(self, ranks: list[RankBatch], graph: bool = True) -> float:
+        eager = not graph and not any(r.prefill_tokens for r in ranks)   # a prefill step is eager anyway
+        return max(self._rank(r) for r in ranks) + (0.5 if eager else 0.0)
+
+    def decode_step_times(self, seqs, ctx, steps: int, graph: bool = True) -> np.ndarray:
+        return np.full(steps, (1.0 if seqs.max() > 0 else 0.0) + (0.0 if graph else 0.5))
+
+
+class UnitBackend(SimBackend):
+    def cost_model(self, par):
+        return UnitCost()
+
+
+def request(tid: int, prompt: int, output: int) -> TurnRequest:
+    return TurnRequest(trajectory_id=tid, group_id=tid, turn=0, family="f", prompt_tokens=prompt,
+                       appended_tokens=prompt, max_output_tokens=output, output_tokens=output)
+
+
+def run_case(overrides: list[str], fast_forward: bool = True) -> dict[int, float]:
+    """Decode end time of A (0), B (1), C (2)."""
+    cluster = cluster_of(TWO_RANKS + overrides)
+    backend = UnitBackend(cluster, [Role.COLOCATED], fast_forward=fast_forward)
+    ends: dict[int, float] = {}
+
+    def on_event(e):
+        if e.kind == EventKind.DECODE_END:
+            ends[e.trajectory_id] = e.t
+    backend.set_listener(on_event, lambda r: None)
+    backend.submit(request(0, 100, 5), Route(0, 0))
+    backend.submit(request(2, 50, 5), Route(0, 0))
+    backend.loop.at(0.05, lambda: backend.submit(request(1, 2000, 2), Route(0, 0)))
+    backend.run()
+    return ends
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_vllm_decode_first(fast_forward):
+    ends = run_case([], fast_forward)
+    assert ends == pytest.approx({0: 6.1, 1: 4.1, 2: 6.1})
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_sglang_prefill_first_stalls_the_ranks_decodes(fast_forward):
+    ends = run_case(["cluster.engine=sglang"], fast_forward)
+    assert ends == pytest.approx({0: 5.1, 1: 3.1, 2: 6.1})
+
+
+def test_sglang_mixed_chunk():
+    ends = run_case(["cluster.engine=sglang", "cluster.enable_mixed_chunk=true", "cluster.chunked_prefill_size=1001"])
+    assert ends == pytest.approx({0: 6.1, 1: 5.1, 2: 6.1})
+
+
+def test_sglang_cuda_graph_limit():
+    ends = run_case(["cluster.engine=sglang", "cluster.cuda_graph_max_bs=1"])
+    assert ends == pytest.approx({0: 5.6, 1: 3.6, 2: 6.6})
+
+
+@pytest.mark.parametrize("override,allowed", [
+    ("cluster.engine=tgi", "vllm, sglang"),
+    ("cluster.chunked_prefill_size=0", "an integer >= 1"),
+    ("cluster.switch_mechanism=teleport", "kv_both, drain, reshard"),
+    ("cluster.cuda_graph_max_bs=-1", "an integer >= 0"),
+])
+def test_bad_engine_options(override, allowed):
+    with pytest.raises(ValueError) as err:
+        cluster_of([override])
+    key = override.split("=")[0]
+    assert key in str(err.value) and allowed in str(err.value)
+
+
+# --- forks ----------------------------------------------------------------------------------------
+FORK_CASES = [
+    ["policy=fixed_pd", "mode=sync"],
+    ["policy=prorsa", "mode=async", "cluster=moe_h200", "mode.max_in_flight=12"],
+    ["policy=colocate", "mode=async", "mode.max_in_flight=12", "cluster.engine=sglang"],
+]
+
+
+@pytest.mark.parametrize("overrides", FORK_CASES)
+def test_fork_continues_exactly_as_the_original(overrides):
+    """A fork taken mid-run and run to the end gives the original's lifecycle, and running it leaves
+    the original untouched (the original then finishes with the same lifecycle too)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from harness.cluster import cluster_from_config
+    from harness.experiment import build_backend, lifecycle_frame
+    from harness.rollout import ModeConfig, RolloutDriver
+    from harness.timeseries import ClusterSampler
+    from harness.experiment import run_info
+    from tests.conftest import SMALL, load_config
+
+    def build():
+        cfg = load_config(SMALL + overrides)
+        cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+        mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+        workload = instantiate(cfg.workload, seed=cfg.seed)
+        policy = instantiate(cfg.policy)
+        backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
+        driver = RolloutDriver(workload, policy, backend, mode)
+        sampler = ClusterSampler(backend, driver, 1.0, listeners=[lambda s: None])   # an observer: stays behind
+        sampler.start()
+        return driver, backend
+
+    driver, _ = build()
+    whole = lifecycle_frame(driver.run())
+    t_mid = float(whole["t_decode_end"].median())
+    driver, backend = build()
+    forks = []
+    backend.loop.at(t_mid, lambda: forks.append(driver.fork()))
+    original = lifecycle_frame(driver.run())
+    (fork,) = forks
+    assert fork.backend is not backend and fork.policy is not driver.policy
+    continued = lifecycle_frame(fork.resume())
+    import pandas as pd
+    pd.testing.assert_frame_equal(continued, whole, check_exact=True)
+    pd.testing.assert_frame_equal(original, whole, check_exact=True)
+    with pytest.raises(ValueError, match="backend.fork"):
+        driver.fork()
+
+
+@pytest.mark.parametrize("flush,update,cached", [(True, False, 101), (True, True, 0), (False, True, 101)])
+def test_weight_update_flushes_the_prefix_cache(flush, update, cached):
+    """Turn 0 (prompt 100, 2 tokens) leaves 101 tokens of KV cached (the last sampled token has none);
+    turn 1 reuses them unless a weight update flushed the cache in between."""
+    cluster = cluster_of(TWO_RANKS + [f"cluster.flush_prefix_cache_on_weight_update={str(flush).lower()}"])
+    backend = UnitBackend(cluster, [Role.COLOCATED])
+    hits = []
+    backend.set_listener(lambda e: hits.append(e.tokens) if e.kind == EventKind.PREFILL_START else None,
+                         lambda r: None)
+    backend.submit(request(0, 100, 2), Route(0, 0))
+    backend.run()
+    if update:
+        backend.update_weights()
+    nxt = TurnRequest(trajectory_id=0, group_id=0, turn=1, family="f", prompt_tokens=152, appended_tokens=52,
+                      max_output_tokens=2, output_tokens=2)
+    backend.submit(nxt, Route(0, 0))
+    backend.run()
+    assert hits == [0, cached]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from baselines.base import StaticPolicy
-from harness.api import ClusterView, Role, Route, TurnRequest
+from harness.api import ClusterView, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.routing import decode_load, pick
 
@@ -10,7 +10,7 @@ from harness.routing import decode_load, pick
 class Colocate(StaticPolicy):
     name = "colocate"
 
-    def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         return [Role.COLOCATED] * cluster.num_engines
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:

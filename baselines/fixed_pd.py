@@ -7,7 +7,7 @@ the trajectory's context (only the new tokens' KV then moves).
 from __future__ import annotations
 
 from baselines.base import StaticPolicy, split_roles
-from harness.api import ClusterView, Role, Route, TurnRequest
+from harness.api import ClusterView, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.routing import decode_load, pick, prefill_load
 
@@ -19,7 +19,7 @@ class FixedPD(StaticPolicy):
         super().__init__()
         self.num_prefill = num_prefill
 
-    def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         return split_roles(self.num_prefill, cluster.num_engines)
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:

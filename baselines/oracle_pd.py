@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.api import Role, RunInfo
+from harness.cluster import ClusterConfig
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.policy import Prorsa
 from harness.prorsa.tracker import LifecycleTracker, Phase
@@ -79,10 +81,10 @@ class OraclePD(Prorsa):
     def reveal(self, script: TrajectoryScript) -> None:
         self.scripts[script.trajectory_id] = script
 
-    def initial_roles(self, cluster):
-        roles = super().initial_roles(cluster)
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
+        roles = super().initial_roles(cluster, run)
         f = self.forecaster
-        self.forecaster = OracleForecaster(self.scripts, horizon_s=self.horizon_s, bins=self.bins, priors=self.priors,
-                                           min_observations=self.min_obs, mode=self.mode,
+        self.forecaster = OracleForecaster(self.scripts, horizon_s=self.horizon_s, bins=self.bins, priors=run.priors,
+                                           min_observations=self.min_obs, mode=run.mode,
                                            default_tpot_s=f.default_tpot_s)
         return roles

@@ -9,7 +9,7 @@ forecasting against Prorsa.
 from __future__ import annotations
 
 from baselines.base import split_roles
-from harness.api import ClusterView, LifecycleEvent, Role, Route, TurnRequest
+from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.routing import PrefixTracker, route_by_role
 
@@ -33,7 +33,7 @@ class ReactivePD:
         self.prefix = PrefixTracker()
         self._last_switch = float("-inf")
 
-    def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         return split_roles(self.num_prefill, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:

@@ -3,20 +3,24 @@ interval (2 s). Reported by pytest-benchmark (never asserted against wall time);
 ratio of the step's mean time to the control interval."""
 import numpy as np
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from harness.api import ClusterView, EngineState
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
+from harness.experiment import run_info
+from harness.rollout import ModeConfig
 from tests.conftest import cluster_of, load_config
 
-OVERRIDES = ["cluster=moe_h200", "policy=prorsa", "workload=swe"]
+OVERRIDES = ["cluster=moe_h200", "policy=prorsa", "workload=mix"]   # the swe and search families
 
 
 def policy_with_1000_in_flight():
     cfg = load_config(OVERRIDES)
     policy = instantiate(cfg.policy)
     cluster = cluster_of(OVERRIDES)
-    roles = policy.initial_roles(cluster)
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    roles = policy.initial_roles(cluster, run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
     rng = np.random.default_rng(0)
     now = 100.0
     for tid in range(1000):

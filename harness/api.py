@@ -121,6 +121,40 @@ class ClusterView:
         return [e for e in self.engines if e.available and e.role == role]
 
 
+@dataclass(frozen=True)
+class LogNormalPrior:
+    """A positive quantity's prior belief: lognormal with this median and log-space sigma."""
+
+    median: float
+    sigma: float
+
+
+@dataclass(frozen=True)
+class FamilyPriors:
+    """What a workload says of one task family before any trajectory is seen (cold-start priors)."""
+
+    prompt_tokens: LogNormalPrior        # first prompt
+    output_tokens: LogNormalPrior        # per turn
+    tool_output_tokens: LogNormalPrior   # per tool call
+    tool_latency_s: LogNormalPrior       # per tool call
+    turns: LogNormalPrior                # per trajectory
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a policy is told when a run starts: the RL mode and the workload's priors, never its scripts.
+
+    Built by the experiment from the mode config and `Workload.priors()`.
+    """
+
+    mode: str                            # sync | async
+    trajectories_per_step: int           # batch_size * group_size
+    max_in_flight: int                   # async: the concurrency cap; sync: trajectories_per_step
+    num_steps: int
+    priors: dict[str, FamilyPriors]      # family -> priors (every family the workload can draw)
+    weights: dict[str, float] = field(default_factory=dict)   # family -> share of trajectories at step 0
+
+
 class Policy(Protocol):
     """Decides engine roles (plan) and where each turn runs (route).
 
@@ -133,7 +167,7 @@ class Policy(Protocol):
     name: str
     control_interval_s: float | None
 
-    def initial_roles(self, cluster: ClusterConfig) -> list[Role]: ...
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]: ...
 
     def metrics(self) -> dict: ...      # policy-specific entries for summary.json
 

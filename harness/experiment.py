@@ -14,6 +14,7 @@ import json
 import os
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from harness.api import RunInfo
 from harness.cluster import ClusterConfig, cluster_from_config
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
@@ -28,6 +30,7 @@ from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
 from harness.wandb_logger import make_logger
+from workloads.base import Workload
 
 SUMMARY = "summary.json"
 ERROR = "error.json"
@@ -48,6 +51,18 @@ def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
         from harness.engines.sglang import SGLangBackend
         return SGLangBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster, roles)
     raise ValueError(f"backend.name={name!r} is not available; allowed: sim, vllm_cpu, vllm, sglang")
+
+
+def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
+    """What a policy is told at the start: the mode, the sizes, the workload's priors and the family
+    shares of step 0's batch (counted here, so that the policy sees shares, never scripts)."""
+    per_step = workload.batch_size * workload.group_size
+    step0 = workload.batch(0)
+    families = Counter(s.family for s in step0)
+    return RunInfo(mode=mode.name, trajectories_per_step=per_step,
+                   max_in_flight=mode.max_in_flight if mode.name == "async" else per_step,
+                   num_steps=mode.num_steps, priors=workload.priors(),
+                   weights={f: n / len(step0) for f, n in families.items()})
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -73,7 +88,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = instantiate(cfg.policy)
-    roles = policy.initial_roles(cluster)
+    roles = policy.initial_roles(cluster, run_info(mode, workload))
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
     sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.cluster import cluster_from_config  # noqa: E402
-from harness.experiment import build_backend, lifecycle_frame  # noqa: E402
+from harness.experiment import build_backend, lifecycle_frame, run_info  # noqa: E402
 from harness.rollout import ModeConfig, RolloutDriver  # noqa: E402
 
 REFERENCE = ROOT / "results" / "reference" / "lifecycle_hashes.json"
@@ -54,7 +54,7 @@ def lifecycle_hash(overrides: list[str]) -> str:
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster))
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
     result = RolloutDriver(workload, policy, backend, mode).run()
     buf = io.BytesIO()
     lifecycle_frame(result).to_parquet(buf, index=False)

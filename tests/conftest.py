@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from harness.cluster import cluster_from_config
-from harness.experiment import build_backend, lifecycle_frame
+from harness.experiment import build_backend, lifecycle_frame, run_info
 from harness.rollout import ModeConfig, RolloutDriver
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
@@ -27,7 +27,7 @@ def simulate(overrides: list[str], policy=None, keep_events: bool = False):
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = policy or instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster))
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
     result = RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run()
     return result, lifecycle_frame(result), backend
 
@@ -58,7 +58,7 @@ class SwitchAt:
         self.prefix = PrefixTracker()
         self.asked = False
 
-    def initial_roles(self, cluster):
+    def initial_roles(self, cluster, run):
         return list(self.initial)
 
     def observe(self, event):

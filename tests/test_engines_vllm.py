@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from harness.api import EventKind, Role
 from harness.cluster import cluster_from_config
-from harness.experiment import lifecycle_frame
+from harness.experiment import lifecycle_frame, run_info
 from harness.rollout import ModeConfig, RolloutDriver
 from tests.conftest import SwitchAt, load_config
 
@@ -52,7 +52,7 @@ def rollout(pool, overrides, policy=None, before_run=None):
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = policy or instantiate(cfg.policy)
-    backend = VllmBackend(pool, policy.initial_roles(cluster),
+    backend = VllmBackend(pool, policy.initial_roles(cluster, run_info(mode, workload)),
                           **backend_kwargs(OmegaConf.to_container(cfg.backend, resolve=True)))
     driver = RolloutDriver(workload, policy, backend, mode, keep_events=True)
     if before_run:

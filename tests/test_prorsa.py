@@ -1,21 +1,26 @@
 """Prorsa's forecaster on hand-made lifecycles and its allocator on hand-made forecasts."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
-from harness.api import ClusterView, Role
+from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role
 from harness.cluster import cluster_from_config
 from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
-from harness.prorsa.forecaster import Forecaster, Prior
+from harness.prorsa.forecaster import Forecaster
+from harness.prorsa.policy import pooled_priors
 from harness.prorsa.switcher import current_split, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from omegaconf import OmegaConf
 from tests.conftest import load_config
 
-# Deterministic priors (sigma 0): every prior sample equals the median.
-PRIORS = {"prompt_tokens": Prior(100, 0), "output_tokens": Prior(40, 0), "tool_output_tokens": Prior(200, 0),
-          "tool_latency_s": Prior(3.0, 0), "turns": Prior(5, 0)}
+# Deterministic priors (sigma 0) of the family "fam": every prior sample equals the median.
+FAM = FamilyPriors(prompt_tokens=LogNormalPrior(100, 0), output_tokens=LogNormalPrior(40, 0),
+                   tool_output_tokens=LogNormalPrior(200, 0), tool_latency_s=LogNormalPrior(3.0, 0),
+                   turns=LogNormalPrior(5, 0))
+PRIORS = {"fam": FAM}
 
 
 def feed(tracker, events):
@@ -57,7 +62,7 @@ def test_forecast_of_a_decoding_sequence_known_answer():
     t = LifecycleTracker()
     feed(t, [E(K.TRAJECTORY_START, 0.0, 7, 0, detail="fam"), E(K.TURN_READY, 0.0, 7, 0, tokens=100),
              E(K.PREFILL_START, 0.5, 7, 0), E(K.PREFILL_END, 1.0, 7, 0), E(K.DECODE_START, 1.0, 7, 0)])
-    priors = dict(PRIORS, output_tokens=Prior(100, 0), tool_latency_s=Prior(0.5, 0))
+    priors = {"fam": replace(FAM, output_tokens=LogNormalPrior(100, 0), tool_latency_s=LogNormalPrior(0.5, 0))}
     f = Forecaster(horizon_s=2.0, bins=4, priors=priors, min_observations=30, mode="sync", default_tpot_s=0.01)
     fc = f.forecast(1.2, t)
     # 20 of 100 tokens done at 0.01 s/token: 0.8 s left; bin mids 0.25, 0.75 are before, 1.25 after.
@@ -83,6 +88,16 @@ def test_forecast_error_is_recorded_per_bin():
     first = rows[rows.t == 2.0].set_index("bin")
     assert first.loc[1, "prefill_forecast"] == first.loc[1, "prefill_actual"] == 250
     assert len(err["forecast_wape_decode"]) == 4
+
+
+def test_pooled_prior_keeps_one_family_and_mixes_two_by_share():
+    assert pooled_priors(PRIORS, {"fam": 1.0}) == FAM
+    long = replace(FAM, turns=LogNormalPrior(20, 0))
+    mixed = pooled_priors({"fam": FAM, "long": long}, {"fam": 0.75, "long": 0.25})
+    # 75% of trajectories take 5 turns: the median; the log spread is the two-point mixture's
+    assert mixed.turns.median == pytest.approx(5)
+    assert mixed.turns.sigma == pytest.approx(np.sqrt(0.75 * 0.25) * np.log(4))
+    assert mixed.output_tokens.median == pytest.approx(40) and mixed.output_tokens.sigma == pytest.approx(0)
 
 
 def capacity(name="moe_h200"):

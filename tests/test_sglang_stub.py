@@ -124,7 +124,7 @@ def test_sglang_backend_against_stub(stub):
     from omegaconf import OmegaConf
 
     from harness.cluster import cluster_from_config
-    from harness.experiment import lifecycle_frame
+    from harness.experiment import lifecycle_frame, run_info
     from harness.rollout import ModeConfig, RolloutDriver
 
     cfg = load_config(["backend=sglang", "cluster=cpu_small", "cluster.num_engines=3", "workload=synthetic",
@@ -133,12 +133,13 @@ def test_sglang_backend_against_stub(stub):
                        "workload.tool_latency_median_s=0.05", "workload.max_turns=4", "mode.num_steps=1",
                        f"backend.urls=[{','.join(stub.urls)}]", f"backend.router_url={stub.router_url}"])
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    workload = instantiate(cfg.workload, seed=0)
     policy = SwitchAt([Role.PREFILL, Role.DECODE, Role.DECODE], {1: Role.PREFILL}, at_s=0.3,
                       control_interval_s=0.05)
     backend = SGLangBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster,
-                                        policy.initial_roles(cluster))
-    driver = RolloutDriver(instantiate(cfg.workload, seed=0), policy, backend,
-                           ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)), keep_events=True)
+                                        policy.initial_roles(cluster, run_info(mode, workload)))
+    driver = RolloutDriver(workload, policy, backend, mode, keep_events=True)
     result = driver.run()
     df = lifecycle_frame(result)
 

@@ -21,6 +21,11 @@ Per RL step, for each of the B prompts (a GRPO group of G samples):
   horizons grow over training, e.g. DeepResearcher's response 2k -> 5.5k).
 The context cap ends a trajectory as agent frameworks do: the turn that reaches it has its output
 cut to fit, and no turn's prompt + output exceeds the cap.
+
+`priors()` gives a policy the configured distributions at step 0 (no drift, caps left out). Turns
+and tool latency are mixtures of modes; their prior is the lognormal with the mixture's median and
+the spread of its log values (workloads.base.lognormal_mixture), so e.g. tooluse's 20% of 3-s
+user-simulator calls widen the 5-ms local-tool prior instead of being dropped.
 """
 from __future__ import annotations
 
@@ -31,9 +36,10 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
+from harness.api import FamilyPriors
 from harness.trajectory import TrajectoryScript, TurnScript
-from workloads.base import (LogNormal, Mode, from_config, group_id, mixture_draw, mode_probabilities,
-                            modes_from_config, step_rng, trajectory_id)
+from workloads.base import (LogNormal, Mode, from_config, group_id, mixture_draw, mixture_prior,
+                            mode_probabilities, modes_from_config, step_rng, trajectory_id)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ class AgentWorkload:
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         return [script for script, _ in self.sample(step)]
+
+    def priors(self) -> dict[str, FamilyPriors]:
+        return {self.family: FamilyPriors(
+            prompt_tokens=self.prompt.prior, output_tokens=self.output.prior,
+            tool_output_tokens=self.tool_output.prior, tool_latency_s=mixture_prior(self.tool_latency),
+            turns=mixture_prior(self.turns))}
 
     def sample(self, step: int) -> list[tuple[TrajectoryScript, str]]:
         """The step's trajectories, each with the name of the turn mode it was drawn from."""

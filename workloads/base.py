@@ -1,18 +1,22 @@
-"""What a workload is to the driver: B prompts x G samples of trajectory scripts per RL step.
+"""What a workload is to the driver: B prompts x G samples of trajectory scripts per RL step, and
+to a policy: cold-start priors per task family (`priors()`, harness.api.FamilyPriors).
 
 Also the small distribution types every generator's config is made of, so a YAML reads the same
 across families: a `LogNormal` (median, sigma, optional cap) and a `Mode` (one weighted component
 of a mixture, e.g. successful vs failed SWE trajectories, local tools vs an LLM user simulator).
+A prior is one lognormal per quantity; a mixture of modes is stood in for by `lognormal_mixture`.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from statistics import NormalDist
 from typing import Protocol
 
 import numpy as np
 
+from harness.api import FamilyPriors, LogNormalPrior
 from harness.trajectory import TrajectoryScript
 
 
@@ -23,6 +27,11 @@ class Workload(Protocol):
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         """The batch_size * group_size trajectories of RL step `step`, the same for a given seed."""
+        ...
+
+    def priors(self) -> dict[str, FamilyPriors]:
+        """Cold-start priors of every family the workload can draw: what a policy may know of the
+        distributions before any trajectory runs (RunInfo), never the scripts themselves."""
         ...
 
 
@@ -59,6 +68,11 @@ class LogNormal:
     def at(self, z: np.ndarray | float, scale: float = 1.0) -> np.ndarray:
         """The value at standard-normal score `z` (so callers can correlate draws), median scaled."""
         return np.minimum(self.median * scale * np.exp(self.sigma * np.asarray(z)), self.high)
+
+    @property
+    def prior(self) -> LogNormalPrior:
+        """As a prior; the cap is left out (it cuts only the far tail)."""
+        return LogNormalPrior(float(self.median), float(self.sigma))
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,48 @@ def modes_from_config(value, where: str) -> tuple[Mode, ...]:
     if len({m.name for m in modes}) != len(modes):
         raise ValueError(f"{where}: mode names must be distinct, got {[m.name for m in modes]}")
     return modes
+
+
+def mixture_prior(modes: tuple[Mode, ...]) -> LogNormalPrior:
+    """The modes' mixture as a prior (lognormal_mixture); each mode's cap is left out."""
+    return lognormal_mixture((m.weight, LogNormalPrior(float(m.median), float(m.sigma))) for m in modes)
+
+
+def lognormal_mixture(parts: Iterable[tuple[float, LogNormalPrior]]) -> LogNormalPrior:
+    """One lognormal standing in for a weighted mixture of lognormals: the mixture's median, and the
+    standard deviation of its log values (within and between components). A mixture is not lognormal;
+    this keeps its middle and its spread, which is what a cold-start prior needs, and a single
+    component (weight > 0) is returned as it is."""
+    parts = [(float(w), p) for w, p in parts if w > 0]
+    if not parts:
+        raise ValueError("a mixture needs at least one component with weight > 0")
+    if len(parts) == 1:
+        return parts[0][1]
+    w = np.array([x for x, _ in parts]) / sum(x for x, _ in parts)
+    mu = np.log([p.median for _, p in parts])
+    s = np.array([p.sigma for _, p in parts])
+    mean = float(w @ mu)
+    sigma = math.sqrt(max(float(w @ (s ** 2 + mu ** 2)) - mean ** 2, 0.0))
+
+    def cdf(x: float) -> float:   # of the log value; a component with sigma 0 is a step
+        return sum(wi * (NormalDist(m, si).cdf(x) if si > 0 else float(x >= m)) for wi, m, si in zip(w, mu, s))
+
+    lo, hi = float(np.min(mu - 10 * s)), float(np.max(mu + 10 * s))
+    for _ in range(100):   # bisection for the log median, to float precision
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if cdf(mid) >= 0.5 else (mid, hi)
+    return LogNormalPrior(math.exp(hi), sigma)
+
+
+def fit_lognormal(values: Iterable[float]) -> LogNormalPrior:
+    """The lognormal of observed values: their median and the standard deviation of their logs. Zeros
+    (a tool that returned nothing) count in the median but have no log; no values at all (a family
+    that never calls a tool) give a point mass at 0, which is what was seen."""
+    v = np.asarray(list(values), dtype=float)
+    if not len(v):
+        return LogNormalPrior(0.0, 0.0)
+    positive = v[v > 0]
+    return LogNormalPrior(float(np.median(v)), float(np.log(positive).std()) if len(positive) > 1 else 0.0)
 
 
 def mode_probabilities(modes: tuple[Mode, ...]) -> np.ndarray:

@@ -10,6 +10,8 @@ mix, and with it the prefill/decode balance, can move during a run. Per step the
 by largest remainder (deterministic: counts differ from weight * B by less than one prompt). A
 component with k prompts contributes the first k groups of its own batch for that step; ids are then
 renumbered over the whole step, so they stay unique across components and steps.
+
+`priors()` are the components' own, per family; a policy learns the step-0 shares from RunInfo.weights.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from hydra.utils import instantiate
 
+from harness.api import FamilyPriors
 from harness.trajectory import TrajectoryScript
 from workloads.base import Workload, group_id, trajectory_id
 
@@ -68,6 +71,15 @@ class MixWorkload:
         entry = [e for e in self.schedule if e["step"] <= step][-1]
         total = sum(entry["weights"].values())
         return {name: entry["weights"].get(name, 0.0) / total for name in self.components}
+
+    def priors(self) -> dict[str, FamilyPriors]:
+        out: dict[str, FamilyPriors] = {}
+        for name, workload in self.workloads.items():
+            for family, prior in workload.priors().items():
+                if out.setdefault(family, prior) != prior:
+                    raise ValueError(f"workload.components.{name}: family {family!r} has other priors than an "
+                                     "earlier component's; give each component its own family")
+        return out
 
     def prompts(self, step: int) -> dict[str, int]:
         """Prompts per component at `step`: largest-remainder rounding of weight * batch_size."""

@@ -5,13 +5,17 @@ Every length is lognormal with a configured median and sigma; a per-prompt diffi
 prompt, so a GRPO group is correlated as in real rollouts. `drift_per_step` multiplies output
 lengths by (1 + drift)^step, so later RL steps decode more (as responses grow over training).
 The numbers are illustrative, not a published workload (the real families are in their own modules).
+`priors()` are the step-0 marginals: the difficulty factor multiplies the turn count and the output
+length, so their log spread is sqrt(sigma^2 + group_sigma^2).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from harness.api import FamilyPriors, LogNormalPrior
 from harness.trajectory import TrajectoryScript, TurnScript
 from workloads.base import lognormal, step_rng
 
@@ -47,6 +51,14 @@ class SyntheticWorkload:
                     "tool_latency_median_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"workload.{key}={getattr(self, key)} is invalid; allowed: a number > 0")
+
+    def priors(self) -> dict[str, FamilyPriors]:
+        return {self.family: FamilyPriors(
+            prompt_tokens=LogNormalPrior(float(self.prompt_median), float(self.prompt_sigma)),
+            output_tokens=LogNormalPrior(float(self.output_median), math.hypot(self.output_sigma, self.group_sigma)),
+            tool_output_tokens=LogNormalPrior(float(self.tool_output_median), float(self.tool_output_sigma)),
+            tool_latency_s=LogNormalPrior(float(self.tool_latency_median_s), float(self.tool_latency_sigma)),
+            turns=LogNormalPrior(float(self.turns_median), math.hypot(self.turns_sigma, self.group_sigma)))}
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         rng = step_rng(self.seed, step)

@@ -21,6 +21,11 @@ and a trace exported from a generator replays with the same ids.
 
 The whole file is read and checked when the workload is built: a malformed line is rejected with the
 file name, line number and field, before anything is simulated.
+
+`priors()` are distribution priors from the trace, not a replay of it: per family, a lognormal fitted
+to the file's own values (median, and standard deviation of the logs; workloads.base.fit_lognormal)
+of first prompts, outputs per turn, tool output and latency per tool call, and turns per trajectory.
+A policy learns what the file's population looks like, never which trajectory does what.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness.api import FamilyPriors
 from harness.trajectory import TrajectoryScript, TurnScript
-from workloads.base import Workload, group_id, trajectory_id
+from workloads.base import Workload, fit_lognormal, group_id, trajectory_id
 
 LINE_KEYS = {"group", "family", "turns", "max_output_tokens"}
 TURN_KEYS = {"new_tokens", "output_tokens", "tool_latency_s", "tool_output_tokens"}
@@ -153,6 +159,21 @@ class TraceWorkload:
             self.batch_size = len(self.groups)
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             raise ValueError(f"workload.batch_size={self.batch_size} is invalid; allowed: an integer >= 1 or null")
+
+    def priors(self) -> dict[str, FamilyPriors]:
+        by_family: dict[str, list[TrajectoryScript]] = {}
+        for script in (s for group in self.groups for s in group):
+            by_family.setdefault(script.family, []).append(script)
+        out = {}
+        for family, scripts in by_family.items():
+            calls = [(s, k) for s in scripts for k in range(len(s.turns) - 1)]   # the last turn calls no tool
+            out[family] = FamilyPriors(
+                prompt_tokens=fit_lognormal(s.turns[0].new_tokens for s in scripts),
+                output_tokens=fit_lognormal(t.output_tokens for s in scripts for t in s.turns),
+                tool_output_tokens=fit_lognormal(s.tool_output_tokens(k) for s, k in calls),
+                tool_latency_s=fit_lognormal(s.turns[k].tool_latency_s for s, k in calls),
+                turns=fit_lognormal(len(s.turns) for s in scripts))
+        return out
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         out = []

@@ -13,7 +13,8 @@ For a horizon split into `bins` of `bin_s` seconds, the forecaster gives, per bi
     generated so far, estimated from elapsed time and the observed time per output token), sequences
     queued for prefill start now, and returning trajectories start when they return.
 Distributions are learned online per workload family from the lifecycle events (the empirical
-samples); until `min_observations` exist, a lognormal prior from config stands in (as quantiles).
+samples); until `min_observations` exist, the workload's lognormal prior for that family
+(RunInfo.priors) stands in, as evenly spaced quantiles.
 Every forecast is kept, so its error against what happened can be reported per bin.
 """
 from __future__ import annotations
@@ -24,19 +25,16 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from harness.api import FamilyPriors, LogNormalPrior
 from harness.prorsa.tracker import LifecycleTracker, Phase
 
 PRIOR_POINTS = 199
 _Z = np.array([NormalDist().inv_cdf((i + 1) / (PRIOR_POINTS + 1)) for i in range(PRIOR_POINTS)])
 
 
-@dataclass(frozen=True)
-class Prior:
-    median: float
-    sigma: float
-
-    def samples(self) -> np.ndarray:
-        return self.median * np.exp(self.sigma * _Z)
+def prior_samples(prior: LogNormalPrior) -> np.ndarray:
+    """The prior as PRIOR_POINTS evenly spaced quantiles: a deterministic stand-in sample."""
+    return prior.median * np.exp(prior.sigma * _Z)
 
 
 class Distribution:
@@ -83,14 +81,14 @@ class Forecast:
 class FamilyModel:
     """The learned (or prior) distributions of one workload family."""
 
-    def __init__(self, tracker: LifecycleTracker, family: str, priors: dict[str, Prior], min_obs: int):
+    def __init__(self, tracker: LifecycleTracker, family: str, priors: FamilyPriors, min_obs: int):
         def pick(observed, prior):
-            return Distribution(observed if len(observed) >= min_obs else prior.samples())
-        self.latency = pick(tracker.tool_latencies.get(family, []), priors["tool_latency_s"])
-        self.output = pick(tracker.outputs.get(family, []), priors["output_tokens"])
-        self.tool_output_mean = pick(tracker.tool_outputs.get(family, []), priors["tool_output_tokens"]).mean()
-        self.turns = pick(tracker.finished_turns.get(family, []), priors["turns"])
-        self.first_prompt_mean = pick(tracker.first_prompts.get(family, []), priors["prompt_tokens"]).mean()
+            return Distribution(observed if len(observed) >= min_obs else prior_samples(prior))
+        self.latency = pick(tracker.tool_latencies.get(family, []), priors.tool_latency_s)
+        self.output = pick(tracker.outputs.get(family, []), priors.output_tokens)
+        self.tool_output_mean = pick(tracker.tool_outputs.get(family, []), priors.tool_output_tokens).mean()
+        self.turns = pick(tracker.finished_turns.get(family, []), priors.turns)
+        self.first_prompt_mean = pick(tracker.first_prompts.get(family, []), priors.prompt_tokens).mean()
 
     def continues(self, turn: np.ndarray) -> np.ndarray:
         """P(another turn | this is turn `turn`, 0-based): P(T > turn+1 | T > turn)."""
@@ -101,7 +99,7 @@ class FamilyModel:
 
 
 class Forecaster:
-    def __init__(self, horizon_s: float, bins: int, priors: dict[str, Prior], min_observations: int,
+    def __init__(self, horizon_s: float, bins: int, priors: dict[str, FamilyPriors], min_observations: int,
                  mode: str, default_tpot_s: float):
         self.bin_s = horizon_s / bins
         self.bins = bins
@@ -135,7 +133,10 @@ class Forecaster:
                 kv_now += s.context + int((now - s.phase_since) / tpot)
         self.actual_decode.append((now, decoding_now, kv_now))
         for family, states in by_family.items():
-            m = FamilyModel(tracker, family, self.priors, self.min_obs)
+            if family not in self.priors:
+                raise ValueError(f"trajectory family {family!r} has no prior; the workload's priors() cover "
+                                 f"{sorted(self.priors)}")
+            m = FamilyModel(tracker, family, self.priors[family], self.min_obs)
             # decoding at mids[b] of a sequence that starts decoding at mids[j] (j <= b)
             gap = (mids[None, :] - mids[:, None]) / tpot
             after = np.where(gap >= 0, m.output.surv(np.maximum(gap, 0)), 0.0)

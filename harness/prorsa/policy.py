@@ -7,8 +7,10 @@ The algorithm here is ours (see tracker.py, forecaster.py, allocator.py, switche
   every `control_interval_s`: track -> forecast the next `horizon_s` in `bins` -> score every split
   with the cost model -> switch the cheapest-to-drain engines when the gain beats the switch cost
   plus `hysteresis`, and not sooner than `min_dwell_s` after the last switch.
+The priors come from the workload, per family, in the RunInfo given to `initial_roles`; the forecaster
+uses each family's own, and the initial plan their mixture weighted by the step-0 family shares.
 The initial split (`initial: plan`) is the allocator's choice, with no switch cost, for the load the
-priors predict: `expected_in_flight` trajectories released together (a sync step, or the async
+priors predict: RunInfo.max_in_flight trajectories released together (a sync step, or the async
 concurrency), each with the prior prompt, output and tool lengths; `initial: colocated` starts
 colocated. It does not switch in the tail,
 when fewer than `min_in_flight_per_engine` trajectories per engine remain.
@@ -17,25 +19,27 @@ current decodes held flat over the horizon); `switching: false` keeps the initia
 """
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
-from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.api import ClusterView, EventKind, FamilyPriors, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
-from harness.prorsa.forecaster import Forecast, Forecaster, Prior
+from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.switcher import current_split, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.routing import PrefixTracker, route_by_role
+from workloads.base import lognormal_mixture
 
 
 class Prorsa:
     name = "prorsa"
 
-    def __init__(self, priors: dict, control_interval_s: float = 2.0, horizon_s: float = 20.0, bins: int = 5,
+    def __init__(self, control_interval_s: float = 2.0, horizon_s: float = 20.0, bins: int = 5,
                  hysteresis: float = 0.1, min_dwell_s: float = 10.0, min_observations: int = 30,
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", min_in_flight_per_engine: float = 2.0, expected_in_flight: int = 128,
-                 mode: str = "sync", name: str = "prorsa"):
+                 initial: str = "plan", min_in_flight_per_engine: float = 2.0, name: str = "prorsa"):
         if initial not in ("plan", "colocated"):
             raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
         for key, v in (("control_interval_s", control_interval_s), ("horizon_s", horizon_s)):
@@ -48,22 +52,21 @@ class Prorsa:
         self.name = name
         self.control_interval_s = control_interval_s
         self.horizon_s, self.bins = horizon_s, bins
-        self.priors = {k: Prior(float(v["median"]), float(v["sigma"])) for k, v in priors.items()}
         self.hysteresis, self.min_dwell_s, self.min_obs = hysteresis, min_dwell_s, min_observations
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
-        self.mode = mode
         self.initial, self.min_in_flight_per_engine = initial, min_in_flight_per_engine
-        self.expected_in_flight = expected_in_flight
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
         self.decisions: list[tuple[float, int]] = []
         self._last_switch = -np.inf
 
     # --- Policy contract ----------------------------------------------------------------------
-    def initial_roles(self, cluster: ClusterConfig) -> list[Role]:
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
+        self.run = run
+        self.pooled = pooled_priors(run.priors, run.weights)
         self.capacity = CapacityModel(cluster)
         self.allocator = Allocator(self.capacity, self.hysteresis, self.allow_colocated)
-        self.forecaster = Forecaster(self.horizon_s, self.bins, self.priors, self.min_obs, self.mode,
+        self.forecaster = Forecaster(self.horizon_s, self.bins, run.priors, self.min_obs, run.mode,
                                      default_tpot_s=self.capacity.decode_step(Role.DECODE, 32, 32 * 4096))
         split = COLOCATED if self.initial == "colocated" else self.prior_split()
         self.decisions.append((0.0, split))
@@ -89,9 +92,9 @@ class Prorsa:
             fc, backlog=float(sum(e.waiting_prefill_tokens for e in view.engines)),
             decoding=sum(1 for s in live if s.phase != Phase.TOOL),
             context=float(np.mean([s.context for s in live])),
-            output=self._recent_mean([o for s in live for o in s.outputs], self.priors["output_tokens"].median),
+            output=self._recent_mean([o for s in live for o in s.outputs], self.pooled.output_tokens.median),
             turn_prefill=self._recent_mean([tok for _, tok in self.forecaster.arrivals[-1000:]],
-                                           self.priors["tool_output_tokens"].median),
+                                           self.pooled.tool_output_tokens.median),
             in_flight=len(live))
         d = self.allocator.decide(current, load)
         if not d.switch:
@@ -115,16 +118,16 @@ class Prorsa:
 
     # --- helpers --------------------------------------------------------------------------------
     def prior_split(self) -> int:
-        """The allocator's split for the load the priors predict at the start of a rollout: every
+        """The allocator's split for the load the pooled priors predict at the start of a rollout: every
         trajectory's first prompt at once, then one turn per cycle (a tool call, lognormal mean, and
         a decode at the default time per token), each appending the tool's output."""
-        p, n = self.priors, self.expected_in_flight
-        out, tool, prompt = p["output_tokens"].median, p["tool_output_tokens"].median, p["prompt_tokens"].median
-        latency = p["tool_latency_s"]
+        p, n = self.pooled, self.run.max_in_flight
+        out, tool, prompt = p.output_tokens.median, p.tool_output_tokens.median, p.prompt_tokens.median
+        latency = p.tool_latency_s
         decode_s = out * self.forecaster.default_tpot_s
         cycle = latency.median * np.exp(latency.sigma ** 2 / 2) + decode_s
-        turns = min(p["turns"].median, 1 + self.horizon_s / cycle)
-        context = prompt + p["turns"].median / 2 * (out + tool)
+        turns = min(p.turns.median, 1 + self.horizon_s / cycle)
+        context = prompt + p.turns.median / 2 * (out + tool)
         load = Load(horizon_s=self.horizon_s,
                     prefill_rate=n * (prompt + (turns - 1) * tool) / self.horizon_s,
                     turn_prefill=(prompt + (turns - 1) * tool) / turns, output=out, turns=n * turns,
@@ -141,7 +144,7 @@ class Prorsa:
         rate = sum(recent) / self.horizon_s
         ones = np.ones(self.bins)
         outs = [o for s in live for o in s.outputs]
-        left = float(np.mean(outs)) if outs else self.priors["output_tokens"].median
+        left = float(np.mean(outs)) if outs else self.pooled.output_tokens.median
         dtok = np.zeros(self.bins)
         dtok[0] = left * sum(1 for s in live if s.phase != Phase.TOOL)
         return Forecast(view.now, w, ones * rate * w, ones * len(decoding), ones * kv, dtok)
@@ -155,3 +158,11 @@ class Prorsa:
         if split == COLOCATED:
             return [Role.COLOCATED] * n
         return [Role.PREFILL] * split + [Role.DECODE] * (n - split)
+
+
+def pooled_priors(priors: dict[str, FamilyPriors], weights: dict[str, float]) -> FamilyPriors:
+    """One family's worth of priors for the whole workload: per quantity, the mixture of the families'
+    priors by their step-0 shares (lognormal_mixture); with no shares given, families weigh equally."""
+    share = {f: weights.get(f, 0.0) for f in priors} if weights else {f: 1.0 for f in priors}
+    return FamilyPriors(**{q.name: lognormal_mixture((share[f], getattr(p, q.name)) for f, p in priors.items())
+                           for q in fields(FamilyPriors)})

@@ -183,7 +183,12 @@ class Backend(Protocol):
 
     def now(self) -> float: ...
 
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None: ...
+    def call_later(self, delay_s: float, callback: Callable[[], None], observer: bool = False) -> None:
+        """Run `callback` after `delay_s`; an observer's callback only reads state (sampling)."""
+
+    def update_weights(self) -> None:
+        """The trainer pushed new weights (sync: between steps; async: after each batch): engines
+        flush their prefix caches when `cluster.flush_prefix_cache_on_weight_update`."""
 
     def set_listener(self, on_event: Callable[[LifecycleEvent], None],
                      on_returned: Callable[[TurnRequest], None]) -> None: ...
@@ -197,3 +202,6 @@ class Backend(Protocol):
     def run(self) -> None: ...
 
     def engine_timeline(self) -> list[dict]: ...
+
+    def fork(self, root, replace: dict[int, object] | None = None):
+        """A copy of the running simulation held by `root`, to run forward on its own (simulator only)."""

@@ -26,7 +26,8 @@ from harness.experiment import build_backend, lifecycle_frame, run_info  # noqa:
 from harness.rollout import ModeConfig, RolloutDriver  # noqa: E402
 
 REFERENCE = ROOT / "results" / "reference" / "lifecycle_hashes.json"
-SMALL = ["workload.batch_size=8", "workload.group_size=4", "mode.num_steps=2"]
+SMALL = ["workload.batch_size=8", "workload.group_size=4", "mode.num_steps=2",
+         "cluster.flush_prefix_cache_on_weight_update=false"]   # the refactoring check: new options off
 # policies x workloads x modes x engine sizes: each line one configuration.
 CONFIGS = {
     "colocate-synthetic-sync-dense": ["policy=colocate", "workload=synthetic", "mode=sync", "cluster=dense_h100"],

@@ -1,90 +1,127 @@
-"""oracle_pd: Prorsa's allocator fed the true future demand. AN ORACLE: it reads the workload's scripts
-(every turn's output length, tool latency and tool output), which no real system can. It bounds how
-much better forecasting could make Prorsa; it is not a policy one could deploy.
+"""oracle_pd: AN ORACLE, not a deployable policy. It knows the future by simulating it: it forks the
+running simulation (which holds every trajectory's script) and runs each candidate allocation to the
+end of the rollout, then takes the best. It bounds what any allocator (Prorsa included) could reach
+with switches at these decision points; it needs the simulator (backend=sim).
 
-What stays estimated: queueing (when a queued prefill will start) and the decode speed (the observed
-time per output token), since those depend on the allocation being chosen.
+- At the start it runs the whole rollout under colocation and every P:D split (nothing is loaded yet,
+  so no switch is paid) and starts in the best: never worse than the best static allocation
+  (the report's `hindsight_best` row).
+- Every `decision_interval_s` it forks the rollout and runs "stay" and every other candidate (switch
+  prices included, as the cluster's switch mechanism charges them) to the end; it switches only to a
+  candidate that ends sooner. Between decisions the rollout runs exactly as the fork of the chosen
+  candidate did, so each decision can only shorten the predicted end: the oracle never ends later
+  than its start allocation, hence never behind `hindsight_best`.
 """
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
 
-from harness.api import Role, RunInfo
+from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.policy import Prorsa
-from harness.prorsa.tracker import LifecycleTracker, Phase
-from harness.trajectory import TrajectoryScript
+from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.routing import PrefixTracker, route_by_role
 
 
-class OracleForecaster(Forecaster):
-    def __init__(self, scripts: dict[int, TrajectoryScript], **kw):
-        super().__init__(**kw)
-        self.scripts = scripts
+class HoldRoles:
+    """The roles stay as they are; routing as Prorsa's (route_by_role). What a fork runs."""
 
-    def forecast(self, now: float, tracker: LifecycleTracker) -> Forecast:
-        B, w = self.bins, self.bin_s
-        mids = (np.arange(B) + 0.5) * w
-        pf, dseq, dkv, dtok = np.zeros(B), np.zeros(B), np.zeros(B), np.zeros(B)
-        tpot = self.tpot(tracker)
-        decoding_now = kv_now = 0
+    name = "hold_roles"
+    control_interval_s = None
 
-        def decode(start, tokens, context):
-            b = int(start // w)
-            if 0 <= b < B:
-                dtok[b] += tokens
-            on = (mids >= start) & (mids < start + tokens * tpot)
-            dseq[on] += 1
-            dkv[on] += context + (mids[on] - start) / tpot
-
-        def arrive(at, tokens):
-            b = int(at // w)
-            if 0 <= b < B:
-                pf[b] += tokens
-
-        for s in tracker.live.values():
-            script = self.scripts[s.trajectory_id]
-            k = s.turn
-            turn = script.turns[k]
-            last = k + 1 == len(script.turns)
-            nxt = 0 if last else script.turns[k + 1].new_tokens
-            if s.phase == Phase.TOOL:
-                back = s.phase_since + turn.tool_latency_s - now
-                arrive(max(back, 0.0), turn.output_tokens + nxt)
-                if not last:
-                    decode(max(back, 0.0), script.turns[k + 1].output_tokens, s.context + turn.output_tokens + nxt)
-                continue
-            g = (now - s.phase_since) / tpot if s.phase == Phase.DECODING else 0.0
-            if s.phase == Phase.DECODING:
-                decoding_now += 1
-                kv_now += s.context + int(g)
-            left = max(turn.output_tokens - g, 1.0) * tpot
-            decode(0.0, left / tpot, s.context + g)
-            if not last:
-                arrive(left + turn.tool_latency_s, turn.output_tokens + nxt)
-        self.actual_decode.append((now, decoding_now, kv_now))
-        fc = Forecast(now, w, pf, dseq, dkv, dtok)
-        self.history.append(fc)
-        return fc
-
-
-class OraclePD(Prorsa):
-    """Prorsa with the OracleForecaster; the driver reveals each script when its trajectory starts."""
-
-    oracle = True
-
-    def __init__(self, **kw):
-        kw.setdefault("name", "oracle_pd")
-        super().__init__(**kw)
-        self.scripts: dict[int, TrajectoryScript] = {}
-
-    def reveal(self, script: TrajectoryScript) -> None:
-        self.scripts[script.trajectory_id] = script
+    def __init__(self, prefix: PrefixTracker):
+        self.prefix = prefix
 
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
-        roles = super().initial_roles(cluster, run)
-        f = self.forecaster
-        self.forecaster = OracleForecaster(self.scripts, horizon_s=self.horizon_s, bins=self.bins, priors=run.priors,
-                                           min_observations=self.min_obs, mode=run.mode,
-                                           default_tpot_s=f.default_tpot_s)
-        return roles
+        raise ValueError("hold_roles only continues a forked rollout")
+
+    def observe(self, event: LifecycleEvent) -> None:
+        self.prefix.observe(event)
+
+    def plan(self, view: ClusterView) -> None:
+        return None
+
+    def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
+        return route_by_role(request, view, self.prefix)
+
+    def metrics(self) -> dict:
+        return {}
+
+
+class OraclePD:
+    name = "oracle_pd"
+    oracle = True
+
+    def __init__(self, control_interval_s: float = 2.0, decision_interval_s: float = 20.0,
+                 allow_colocated: bool = True, name: str = "oracle_pd"):
+        for key, v in (("control_interval_s", control_interval_s), ("decision_interval_s", decision_interval_s)):
+            if not v > 0:
+                raise ValueError(f"policy.{key}={v} is invalid; allowed: a number > 0")
+        self.name = name
+        self.control_interval_s = control_interval_s
+        self.decision_interval_s = decision_interval_s
+        self.allow_colocated = allow_colocated
+        self.prefix = PrefixTracker()
+        self.decisions: list[tuple[float, int]] = []
+        self.predicted: list[tuple[float, dict[int, float]]] = []
+        self._next = decision_interval_s
+        self._simulate: Callable[[list[Role]], float] | None = None
+        self._driver = None
+
+    # --- what only the oracle gets -------------------------------------------------------------
+    def attach_simulator(self, simulate: Callable[[list[Role]], float]) -> None:
+        """`simulate(roles)`: the whole rollout's time under static `roles`, simulated from the start."""
+        self._simulate = simulate
+
+    def attach_driver(self, driver) -> None:
+        """The rollout this oracle forks to look ahead."""
+        self._driver = driver
+
+    # --- Policy contract ----------------------------------------------------------------------
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
+        if self._simulate is None:
+            raise ValueError("policy=oracle_pd needs the simulator (backend=sim): it simulates the future")
+        self.n = cluster.num_engines
+        candidates = ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n))
+        scores = {k: self._simulate(roles_for(k, self.n)) for k in candidates}
+        best = min(scores, key=lambda k: (scores[k], k))
+        self.decisions.append((0.0, best))
+        self.predicted.append((0.0, scores))
+        return roles_for(best, self.n)
+
+    def observe(self, event: LifecycleEvent) -> None:
+        self.prefix.observe(event)
+
+    def plan(self, view: ClusterView) -> dict[int, Role] | None:
+        if view.now < self._next:
+            return None
+        self._next = view.now + self.decision_interval_s
+        current = current_split(view)
+        if current is None:
+            return None
+        scores, roles_of = {}, {}
+        for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)):
+            roles = target_roles(view, k)
+            fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix)))
+            fork.apply_roles(fork.backend.view(), roles)
+            scores[k] = fork.resume().rollout_time_s
+            roles_of[k] = roles
+        self.predicted.append((view.now, scores))
+        best = min(scores, key=lambda k: (scores[k], k != current, k))
+        if best == current or not scores[best] < scores[current]:
+            return None
+        self.decisions.append((view.now, best))
+        return roles_of[best]
+
+    def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
+        return route_by_role(request, view, self.prefix)
+
+    def metrics(self) -> dict:
+        return {"oracle_decisions": [[round(t, 3), k] for t, k in self.decisions],
+                "oracle_predicted_s": [[round(t, 3), {str(k): round(v, 3) for k, v in s.items()}]
+                                       for t, s in self.predicted]}
+
+
+def _copy_prefix(p: PrefixTracker) -> PrefixTracker:
+    q = PrefixTracker()
+    q.prefill_engine, q.decode_engine = dict(p.prefill_engine), dict(p.decode_engine)
+    return q

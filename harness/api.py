@@ -138,6 +138,8 @@ class FamilyPriors:
     tool_output_tokens: LogNormalPrior   # per tool call
     tool_latency_s: LogNormalPrior       # per tool call
     turns: LogNormalPrior                # per trajectory
+    max_turns: int                       # the recipe's turn cap
+    context_cap: int                     # tokens: no turn's prompt + output exceeds it
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import os
 import time
 import traceback
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -22,10 +23,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from harness.api import RunInfo
+from baselines.oracle_pd import HoldRoles, OraclePD
+from harness.api import Role, RunInfo
 from harness.cluster import ClusterConfig, cluster_from_config
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
+from harness.routing import PrefixTracker
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
@@ -65,6 +68,14 @@ def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
                    weights={f: n / len(step0) for f, n in families.items()})
 
 
+def static_rollout_s(cfg: DictConfig, cluster: ClusterConfig, mode: ModeConfig, roles: list[Role]) -> float:
+    """The rollout time of the run `cfg` describes with `roles` held throughout (the oracle's start)."""
+    workload = instantiate(cfg.workload, seed=cfg.seed)
+    policy = HoldRoles(PrefixTracker())
+    backend = build_backend(cfg, cluster, roles)
+    return RolloutDriver(workload, policy, backend, mode).run().rollout_time_s
+
+
 def config_hash(cfg: DictConfig) -> str:
     """Identifies what a run computed, so a rerun of a sweep can tell a complete job from a changed one."""
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -88,9 +99,14 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = instantiate(cfg.policy)
+    oracle = isinstance(policy, OraclePD)   # the named exception: it simulates the future
+    if oracle and cfg.backend.name == "sim":
+        policy.attach_simulator(partial(static_rollout_s, cfg, cluster, mode))
     roles = policy.initial_roles(cluster, run_info(mode, workload))
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
+    if oracle:
+        policy.attach_driver(driver)
     sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
     logger = make_logger(OmegaConf.to_container(cfg.logger, resolve=True), OmegaConf.to_container(cfg, resolve=True),
                          out, run_name, group)

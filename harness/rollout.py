@@ -120,8 +120,6 @@ class RolloutDriver:
     def _start_trajectory(self, script: TrajectoryScript) -> None:
         validate_script(script)
         self.scripts[script.trajectory_id] = script
-        if getattr(self.policy, "oracle", False):   # the oracle baseline, and only it, sees the script
-            self.policy.reveal(script)
         self.started += 1
         self._emit(LifecycleEvent(EventKind.TRAJECTORY_START, self.backend.now(), script.trajectory_id, 0,
                                   detail=script.family))

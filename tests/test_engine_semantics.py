@@ -179,3 +179,23 @@ def test_weight_update_flushes_the_prefix_cache(flush, update, cached):
     backend.submit(nxt, Route(0, 0))
     backend.run()
     assert hits == [0, cached]
+
+
+@pytest.mark.parametrize("mechanism,end", [("kv_both", 0.05 + 0.25), ("drain", 4.1 + 6.0), ("reshard", 4.1 + 60.0)])
+def test_switch_mechanisms_price(mechanism, end):
+    """Engine 0 decodes A (prompt 100, 5 tokens: prefill 0.1 s, then 1-s steps: done at 4.1 s) when it is
+    asked at t=0.05 to become a prefill engine. kv_both: the router update (0.25 s here, from 0.05 s), A runs on;
+    drain: A finishes, then the switch time (6 s); reshard: the parallelism changes (60 s)."""
+    cluster = cluster_of(TWO_RANKS + ["cluster.num_engines=2", f"cluster.switch_mechanism={mechanism}",
+                                      "cluster.router_update_s=0.25"])
+    backend = UnitBackend(cluster, [Role.DECODE, Role.DECODE])
+    switched, ends = [], {}
+    backend.set_listener(lambda e: switched.append(e.t) if e.kind == EventKind.ROLE_SWITCH_END else
+                         ends.update({e.trajectory_id: e.t}) if e.kind == EventKind.DECODE_END else None,
+                         lambda r: None)
+    backend.submit(request(0, 100, 5), Route(0, 0))
+    backend.loop.at(0.05, lambda: backend.switch_role(0, Role.PREFILL))
+    backend.run()
+    assert switched == [pytest.approx(end)] and ends == {0: pytest.approx(4.1)}
+    assert backend.engines[0].role == Role.PREFILL
+    assert backend.engines[0].par == cluster.parallelism[Role.PREFILL if mechanism == "reshard" else Role.DECODE]

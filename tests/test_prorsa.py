@@ -1,26 +1,25 @@
-"""Prorsa's forecaster on hand-made lifecycles and its allocator on hand-made forecasts."""
-from dataclasses import replace
-
+"""Prorsa on hand-made lifecycles: the tracker, the sampled futures (multi-turn forecasts), forecast
+error bookkeeping, the what-if performance model against measured runs, the planner and the switcher."""
 import numpy as np
 import pytest
 
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
-from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role
-from harness.cluster import cluster_from_config
-from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
-from harness.prorsa.forecaster import Forecaster
-from harness.prorsa.policy import pooled_priors
-from harness.prorsa.switcher import current_split, target_roles
+from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, RunInfo
+from harness.prorsa.forecaster import Forecast, Forecaster
+from harness.prorsa.planner import Planner, future_sampler
+from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
-from omegaconf import OmegaConf
-from tests.conftest import load_config
+from harness.prorsa.whatif import WhatIf
+from harness.routing import PrefixTracker
+from tests.conftest import cluster_of, simulate
 
 # Deterministic priors (sigma 0) of the family "fam": every prior sample equals the median.
 FAM = FamilyPriors(prompt_tokens=LogNormalPrior(100, 0), output_tokens=LogNormalPrior(40, 0),
                    tool_output_tokens=LogNormalPrior(200, 0), tool_latency_s=LogNormalPrior(3.0, 0),
-                   turns=LogNormalPrior(5, 0))
-PRIORS = {"fam": FAM}
+                   turns=LogNormalPrior(5, 0), max_turns=20, context_cap=100_000)
+RUN = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=1, priors={"fam": FAM},
+              weights={"fam": 1.0})
 
 
 def feed(tracker, events):
@@ -45,119 +44,96 @@ def test_tracker_phases_and_history():
     assert s.phase == Phase.QUEUED
 
 
-def test_forecast_of_a_tool_call_return_known_answer():
+def test_futures_of_hand_made_lifecycles_known_answer():
+    """Priors with no spread: 5 turns of 40 output tokens, 3-s tool calls returning 200 tokens.
+    Trajectory 1 is in the tool call after turn 0 (output 50), 1 s into it: it comes back in 2 s with
+    turns 1-4 to go, each prompt the last context + 200 tokens, 200 of them new. Trajectory 2 decodes
+    turn 0 (prompt 100), 20 tokens in at 0.01 s per token: 20 tokens are left, then turns 1-4."""
     t = LifecycleTracker()
-    feed(t, first_turn())
-    f = Forecaster(horizon_s=4.0, bins=4, priors=PRIORS, min_observations=30, mode="sync", default_tpot_s=1.0)
-    fc = f.forecast(2.0, t)
-    # In the tool since t=1, latency 3 s: returns at t=4, i.e. 2 s ahead: bin (1, 2].
-    # Tokens: its last output (50) + the expected tool output (200).
-    np.testing.assert_allclose(fc.prefill_tokens, [0, 250, 0, 0])
-    # It then decodes 40 tokens at the observed 0.01 s/token: 0.4 s, inside bin 1 only.
-    np.testing.assert_allclose(fc.decode_seqs, [0, 1, 0, 0])
-    assert fc.decode_kv_tokens[1] == pytest.approx(100 + 50 + 200 + 20)
-
-
-def test_forecast_of_a_decoding_sequence_known_answer():
-    t = LifecycleTracker()
-    feed(t, [E(K.TRAJECTORY_START, 0.0, 7, 0, detail="fam"), E(K.TURN_READY, 0.0, 7, 0, tokens=100),
-             E(K.PREFILL_START, 0.5, 7, 0), E(K.PREFILL_END, 1.0, 7, 0), E(K.DECODE_START, 1.0, 7, 0)])
-    priors = {"fam": replace(FAM, output_tokens=LogNormalPrior(100, 0), tool_latency_s=LogNormalPrior(0.5, 0))}
-    f = Forecaster(horizon_s=2.0, bins=4, priors=priors, min_observations=30, mode="sync", default_tpot_s=0.01)
-    fc = f.forecast(1.2, t)
-    # 20 of 100 tokens done at 0.01 s/token: 0.8 s left; bin mids 0.25, 0.75 are before, 1.25 after.
-    np.testing.assert_allclose(fc.decode_seqs, [1, 1, 0, 0])
-    # Next turn (turn 0 of 5 always continues): after 0.8 s of decode and a 0.5 s tool call -> 1.3 s,
-    # bin (1.0, 1.5]; it brings its 100 output tokens and 200 tool tokens.
-    np.testing.assert_allclose(fc.prefill_tokens, [0, 0, 300, 0])
+    feed(t, first_turn(1))
+    feed(t, [E(K.TRAJECTORY_START, 1.8, 2, 0, detail="fam"), E(K.TURN_READY, 1.8, 2, 0, tokens=100),
+             E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
+    prefix = PrefixTracker()
+    feed(prefix, first_turn(1))
+    sampler = future_sampler(t, RUN, min_observations=30)
+    futures = {f.trajectory_id: f for f in sampler.live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))}
+    one, two = futures[1], futures[2]
+    assert one.ready_s == pytest.approx(2.0) and one.decode_engine == 0
+    assert [(x.prompt_tokens, x.cached_tokens, x.output_tokens) for x in one.turns] == [
+        (350, 150, 40), (590, 390, 40), (830, 630, 40), (1070, 870, 40)]
+    assert [x.tool_latency_s for x in one.turns] == [3.0, 3.0, 3.0, 0.0]
+    assert two.ready_s == 0.0 and len(two.turns) == 5
+    assert (two.turns[0].prompt_tokens, two.turns[0].output_tokens) == (120, 20)
+    assert two.turns[1].prompt_tokens == 120 + 20 + 200
 
 
 def test_forecast_error_is_recorded_per_bin():
-    t = LifecycleTracker()
-    feed(t, first_turn())
-    f = Forecaster(horizon_s=4.0, bins=4, priors=PRIORS, min_observations=30, mode="sync", default_tpot_s=1.0)
-    for e in first_turn():
-        if e.kind == K.TURN_READY:
-            f.observe_arrival(e.t, e.tokens)
-    f.forecast(2.0, t)
+    f = Forecaster(horizon_s=4.0, bins=4)
+    f.history.append(Forecast(2.0, 1.0, np.array([0.0, 250.0, 0.0, 0.0]), np.array([1.0, 1.0, 0.0, 0.0])))
+    for t, n in ((2.0, 1), (3.0, 1), (4.0, 1), (5.0, 0), (7.0, 0)):
+        f.observe_decoding(t, n)
     f.observe_arrival(4.0, 250)          # the return happened where forecast: bin (1, 2] after t=2
-    f.forecast(7.0, t)                   # a later sample closes the horizon
     err = f.errors()
     assert err["forecast_wape_prefill"][1] == 0.0
     rows = f.frame()                     # forecast.parquet: the forecast at t=2 against what happened
     first = rows[rows.t == 2.0].set_index("bin")
     assert first.loc[1, "prefill_forecast"] == first.loc[1, "prefill_actual"] == 250
-    assert len(err["forecast_wape_decode"]) == 4
+    assert err["forecast_wape_decode"][0] == 0.0 and err["forecast_wape_decode"][2] == pytest.approx(1.0)
 
 
-def test_pooled_prior_keeps_one_family_and_mixes_two_by_share():
-    assert pooled_priors(PRIORS, {"fam": 1.0}) == FAM
-    long = replace(FAM, turns=LogNormalPrior(20, 0))
-    mixed = pooled_priors({"fam": FAM, "long": long}, {"fam": 0.75, "long": 0.25})
-    # 75% of trajectories take 5 turns: the median; the log spread is the two-point mixture's
-    assert mixed.turns.median == pytest.approx(5)
-    assert mixed.turns.sigma == pytest.approx(np.sqrt(0.75 * 0.25) * np.log(4))
-    assert mixed.output_tokens.median == pytest.approx(40) and mixed.output_tokens.sigma == pytest.approx(0)
+HEAVY = ["+experiment=heavy_prefill", "mode.num_steps=1", "workload.batch_size=8", "cluster.num_engines=4"]
 
 
-def capacity(name="moe_h200"):
-    cfg = load_config([f"cluster={name}"])
-    return CapacityModel(cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True)))
+@pytest.mark.parametrize("split", [COLOCATED, 2])
+def test_whatif_predicts_the_measured_rollout(split):
+    """The performance model: a step sampled from the workload's priors, simulated under a static
+    allocation, against the real run (its own scripts) -- within 20% on rollout time."""
+    from tests.conftest import load_config
+    from harness.experiment import run_info
+    from harness.rollout import ModeConfig
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    cfg = load_config(HEAVY)
+    cluster = cluster_of(HEAVY)
+    workload = instantiate(cfg.workload, seed=0)
+    run = run_info(ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)), workload)
+    sampler = future_sampler(LifecycleTracker(), run, 30)
+    new = sampler.new(sorted(run.priors), [1.0], run.trajectories_per_step, 0, np.random.default_rng(0))
+    roles = roles_for(split, 4)
+    predicted = WhatIf(cluster, 5, 4.0).run([], roles, roles, new, run.max_in_flight).completion_s
+    policy = ["policy=colocate"] if split == COLOCATED else ["policy=fixed_pd", f"policy.num_prefill={split}"]
+    measured, _, _ = simulate(HEAVY + policy)
+    assert predicted == pytest.approx(measured.rollout_time_s, rel=0.2)
 
 
-def load(prefill_rate, decoding, kv_per_seq, output=200, turn_prefill=2000, context=None, in_flight=0):
-    return Load(horizon_s=20.0, prefill_rate=prefill_rate, turn_prefill=turn_prefill, output=output,
-                turns=decoding, decoding=decoding, kv_per_seq=kv_per_seq,
-                context=kv_per_seq if context is None else context, in_flight=in_flight)
+def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain():
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30)
+    new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
+    planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    split, scores = planner.initial(new, 64)
+    assert split != COLOCATED and scores[split] < 0.9 * scores[COLOCATED]
+    view = engines([Role.COLOCATED] * 4)
+    # mid-run, leaving colocation reloads every engine (60 s, PEARL Table 3): it does not pay here
+    d = planner.decide(view, COLOCATED, [], new, 64)
+    assert not d.switch and d.scores[COLOCATED] < min(d.scores[k] for k in (1, 2, 3))
+    # with vLLM's kv_both a switch is a routing change: it pays
+    kv_both = cluster_of(HEAVY + ["cluster.switch_mechanism=kv_both"])
+    planner = Planner(kv_both, WhatIf(kv_both, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    d = planner.decide(view, COLOCATED, [], new, 64)
+    assert d.switch and d.split != COLOCATED and set(d.scores) == {COLOCATED, 1, 2, 3}
+    planner.hysteresis = 0.99   # no candidate ends 99% sooner: stay
+    assert not planner.decide(view, COLOCATED, [], new, 64).switch
 
 
-def test_allocator_more_prefill_demand_never_means_fewer_prefill_engines():
-    a = Allocator(capacity(), hysteresis=0.0, allow_colocated=False)
-    chosen = [a.decide(4, load(rate, decoding=256, kv_per_seq=8000)).num_prefill
-              for rate in [1e3, 1e4, 1e5, 1e6]]
-    assert chosen == sorted(chosen)
-    assert chosen[0] < chosen[-1]
-
-
-def test_allocator_prefers_colocation_when_decode_kv_needs_every_engine():
-    cap = capacity("dense_h100")
-    a = Allocator(cap, hysteresis=0.0, allow_colocated=True)
-    seqs = 256
-    kv = 0.9 * 8 * cap.kv_capacity[Role.COLOCATED] / seqs     # 90% of the whole cluster's KV memory
-    d = a.decide(COLOCATED, load(1e3, decoding=seqs, kv_per_seq=kv, context=2000))
-    assert d.num_prefill == COLOCATED and not d.switch
-    assert min(v for k, v in d.costs.items() if k != COLOCATED) > d.costs[COLOCATED]
-
-
-def test_allocator_picks_pd_under_heavy_prefill_with_dp_attention():
-    a = Allocator(capacity("moe_h200"), hysteresis=0.0, allow_colocated=True)
-    # the load the forecaster saw at the start of a heavy-prefill rollout (tool outputs ~6k tokens)
-    d = a.decide(COLOCATED, load(1.45e5, decoding=256, kv_per_seq=1900, output=100, turn_prefill=1600))
-    assert d.num_prefill != COLOCATED and d.switch
-
-
-def test_colocated_decode_slows_with_prefill_load_pd_decode_does_not():
-    a = Allocator(capacity("moe_h200"), hysteresis=0.0, allow_colocated=True)
-    light, heavy = load(1e3, 128, 8000), load(1e5, 128, 8000)
-    wait = lambda k, l: a.turn_latency(k, l)
-    # colocated: prefill load raises the decode part of a turn (interference)
-    assert wait(COLOCATED, heavy) - wait(COLOCATED, light) > 0
-    # the decode pool's time per token does not depend on prefill load: only the prefill wait grows,
-    # and by no more than the queueing model says
-    t = lambda l: a.cap.decode_step(Role.DECODE, 128 / 6, 128 / 6 * 8000) * 200
-    assert wait(2, light) - t(light) < wait(2, heavy) - t(heavy)
-
-
-def test_hysteresis_and_switch_cost_hold_a_small_gain():
-    a = Allocator(capacity("moe_h200"), hysteresis=0.0, allow_colocated=False)
-    l = load(1e5, decoding=256, kv_per_seq=8000)
-    free = a.decide(3, l)
-    assert free.num_prefill != 3, "the test needs a case where another split is better"
-    gain = free.costs[3] - free.costs[free.num_prefill]
-    strict = Allocator(a.cap, hysteresis=gain / free.costs[3] * 1.01, allow_colocated=False)
-    assert strict.decide(3, l).num_prefill == 3
-    # ...and so does a switch cost larger than the gain (many trajectories in flight).
-    assert a.decide(3, load(1e5, 256, 8000, in_flight=10**7)).num_prefill == 3
+def RUN_HEAVY():
+    from tests.conftest import load_config
+    from harness.experiment import run_info
+    from harness.rollout import ModeConfig
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    cfg = load_config(HEAVY)
+    return run_info(ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)), instantiate(cfg.workload, seed=0))
 
 
 def engines(roles, decoding=None, waiting=None, target=None):
@@ -186,3 +162,16 @@ def test_switcher_moves_the_cheapest_engines_to_drain():
     assert target_roles(view, 2) == {0: D, 1: P, 2: D, 3: P}
     # while any engine is switching, the split is not settled and Prorsa waits
     assert current_split(engines([P, D, D, D], target=[None, P, None, None])) is None
+
+
+def test_oracle_is_never_behind_the_best_static_allocation(tmp_path):
+    """Small heavy-prefill case: the oracle's rollout equals the best of colocation and every split
+    (found here by running them all) or beats it."""
+    from harness.experiment import run_experiment
+    from tests.conftest import load_config
+    statics = [["policy=colocate"]] + [["policy=fixed_pd", f"policy.num_prefill={k}"] for k in (1, 2, 3)]
+    best = min(simulate(HEAVY + s)[0].rollout_time_s for s in statics)
+    summary = run_experiment(load_config(HEAVY + ["policy=oracle_pd", "policy.decision_interval_s=10"]),
+                             tmp_path)
+    assert summary["rollout_time_s"] <= best + 1e-9
+    assert summary["oracle_decisions"][0][0] == 0.0

@@ -58,7 +58,8 @@ class SyntheticWorkload:
             output_tokens=LogNormalPrior(float(self.output_median), math.hypot(self.output_sigma, self.group_sigma)),
             tool_output_tokens=LogNormalPrior(float(self.tool_output_median), float(self.tool_output_sigma)),
             tool_latency_s=LogNormalPrior(float(self.tool_latency_median_s), float(self.tool_latency_sigma)),
-            turns=LogNormalPrior(float(self.turns_median), math.hypot(self.turns_sigma, self.group_sigma)))}
+            turns=LogNormalPrior(float(self.turns_median), math.hypot(self.turns_sigma, self.group_sigma)),
+            max_turns=self.max_turns, context_cap=self.context_cap)}
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         rng = step_rng(self.seed, step)

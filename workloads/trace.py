@@ -172,7 +172,9 @@ class TraceWorkload:
                 output_tokens=fit_lognormal(t.output_tokens for s in scripts for t in s.turns),
                 tool_output_tokens=fit_lognormal(s.tool_output_tokens(k) for s, k in calls),
                 tool_latency_s=fit_lognormal(s.turns[k].tool_latency_s for s, k in calls),
-                turns=fit_lognormal(len(s.turns) for s in scripts))
+                turns=fit_lognormal(len(s.turns) for s in scripts),
+                max_turns=max(len(s.turns) for s in scripts),
+                context_cap=max(sum(t.new_tokens + t.output_tokens for t in s.turns) for s in scripts))
         return out
 
     def batch(self, step: int) -> list[TrajectoryScript]:

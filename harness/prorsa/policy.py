@@ -1,76 +1,82 @@
-"""Prorsa: prediction-guided P/D allocation with engine role switching (arXiv 2610.16592, abstract).
+"""Prorsa (arXiv 2610.16592): prediction-guided P/D allocation with engine role switching.
 
-What the abstract states: Prorsa observes the lifecycle of every trajectory to forecast short-horizon
-prefill and decode demand; the forecasts guide worker allocation and trigger role switching, so
-that prefill and decode capacity follow the anticipated demand, in sync and async agentic RL.
-The algorithm here is ours (see tracker.py, forecaster.py, allocator.py, switcher.py):
-  every `control_interval_s`: track -> forecast the next `horizon_s` in `bins` -> score every split
-  with the cost model -> switch the cheapest-to-drain engines when the gain beats the switch cost
-  plus `hysteresis`, and not sooner than `min_dwell_s` after the last switch.
-The priors come from the workload, per family, in the RunInfo given to `initial_roles`; the forecaster
-uses each family's own, and the initial plan their mixture weighted by the step-0 family shares.
-The initial split (`initial: plan`) is the allocator's choice, with no switch cost, for the load the
-priors predict: RunInfo.max_in_flight trajectories released together (a sync step, or the async
-concurrency), each with the prior prompt, output and tool lengths; `initial: colocated` starts
-colocated. It does not switch in the tail,
-when fewer than `min_in_flight_per_engine` trajectories per engine remain.
-Ablations (config): `forecast: false` scores splits on the present state only (queued prefill and
-current decodes held flat over the horizon); `switching: false` keeps the initial split.
+Only the abstract is public; the algorithm here is ours. Every `control_interval_s`:
+  track (tracker.py: every trajectory's lifecycle, from events only)
+  -> when a plan is due (every `replan_interval_s`, and at once when a sync step starts):
+     sample every live trajectory's future from the per-family distributions learned online (the
+     workload's priors until `min_observations`) -- its turns left, the rest of its output or tool
+     call, every later turn -- and, in async RL, the trajectories that will start (whatif.py);
+  -> run the simulator forward from the present under colocation and every P:D split, each reached
+     from the present roles by moving the fewest engines, switch costs included (planner.py);
+  -> switch when the best candidate ends the phase (sync: the step's last trajectory; async: the live
+     trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying, and not
+     sooner than `min_dwell_s` after the last switch.
+The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
+sequences per bin against what happened). The initial allocation is the planner's choice for a
+phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).
+Ablations: `forecast: false` plans on the present only (each live trajectory finishes its current
+turn, nothing after it, no new trajectories); `switching: false` keeps the initial allocation.
 """
 from __future__ import annotations
 
-from dataclasses import fields
-
 import numpy as np
 
-from harness.api import ClusterView, EventKind, FamilyPriors, LifecycleEvent, Role, Route, RunInfo, TurnRequest
+from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.prorsa.allocator import COLOCATED, Allocator, CapacityModel, Load
 from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.switcher import current_split, target_roles
+from harness.prorsa.planner import Planner, future_sampler
+from harness.prorsa.switcher import COLOCATED, current_split, roles_for
 from harness.prorsa.tracker import LifecycleTracker, Phase
+from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import PrefixTracker, route_by_role
-from workloads.base import lognormal_mixture
 
 
 class Prorsa:
     name = "prorsa"
 
-    def __init__(self, control_interval_s: float = 2.0, horizon_s: float = 20.0, bins: int = 5,
-                 hysteresis: float = 0.1, min_dwell_s: float = 10.0, min_observations: int = 30,
+    def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,
+                 bins: int = 5, hysteresis: float = 0.05, min_dwell_s: float = 10.0, min_observations: int = 30,
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", min_in_flight_per_engine: float = 2.0, name: str = "prorsa"):
+                 initial: str = "plan", max_candidates: int = 8, seed: int = 0, name: str = "prorsa"):
         if initial not in ("plan", "colocated"):
             raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
-        for key, v in (("control_interval_s", control_interval_s), ("horizon_s", horizon_s)):
-            if not v > 0:
-                raise ValueError(f"policy.{key}={v} is invalid; allowed: a number > 0")
-        if not (isinstance(bins, int) and bins >= 1):
-            raise ValueError(f"policy.bins={bins!r} is invalid; allowed: an integer >= 1")
-        if hysteresis < 0:
-            raise ValueError(f"policy.hysteresis={hysteresis} is invalid; allowed: a number >= 0")
+        for key, v in (("control_interval_s", control_interval_s), ("replan_interval_s", replan_interval_s),
+                       ("horizon_s", horizon_s)):
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number > 0")
+        for key, v in (("bins", bins), ("max_candidates", max_candidates), ("min_observations", min_observations)):
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: an integer >= 1")
+        for key, v in (("hysteresis", hysteresis), ("min_dwell_s", min_dwell_s)):
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number >= 0")
         self.name = name
         self.control_interval_s = control_interval_s
+        self.replan_interval_s = replan_interval_s
         self.horizon_s, self.bins = horizon_s, bins
         self.hysteresis, self.min_dwell_s, self.min_obs = hysteresis, min_dwell_s, min_observations
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
-        self.initial, self.min_in_flight_per_engine = initial, min_in_flight_per_engine
+        self.initial, self.max_candidates, self.seed = initial, max_candidates, seed
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
         self.decisions: list[tuple[float, int]] = []
+        self.plan_scores: list[tuple[float, dict[int, float]]] = []
         self._last_switch = -np.inf
+        self._next_plan = 0.0
+        self._starts_seen = 0
+        self._plans = 0
 
     # --- Policy contract ----------------------------------------------------------------------
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
-        self.run = run
-        self.pooled = pooled_priors(run.priors, run.weights)
-        self.capacity = CapacityModel(cluster)
-        self.allocator = Allocator(self.capacity, self.hysteresis, self.allow_colocated)
-        self.forecaster = Forecaster(self.horizon_s, self.bins, run.priors, self.min_obs, run.mode,
-                                     default_tpot_s=self.capacity.decode_step(Role.DECODE, 32, 32 * 4096))
-        split = COLOCATED if self.initial == "colocated" else self.prior_split()
+        self.run, self.cluster = run, cluster
+        whatif = WhatIf(cluster, self.bins, self.horizon_s / self.bins)
+        self.planner = Planner(cluster, whatif, self.hysteresis, self.allow_colocated, self.max_candidates)
+        self.forecaster = Forecaster(self.horizon_s, self.bins)
+        self.families = sorted(run.priors)
+        self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
+        split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
-        return self._roles_for(split, cluster.num_engines)
+        return roles_for(split, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
         self.tracker.observe(event)
@@ -79,29 +85,36 @@ class Prorsa:
             self.forecaster.observe_arrival(event.t, event.tokens)
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
-        fc = self.forecaster.forecast(view.now, self.tracker) if self.use_forecast else None
-        current = current_split(view)
-        if not self.switching or current is None or view.now - self._last_switch < self.min_dwell_s:
+        self.forecaster.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
+        new_step = self.run.mode == "sync" and len(self.tracker.starts) > self._starts_seen
+        if not (new_step or view.now >= self._next_plan) or not self.tracker.live:
             return None
-        if fc is None:
-            fc = self.present_state(view)
-        live = list(self.tracker.live.values())
-        if len(live) < self.min_in_flight_per_engine * len(view.engines):
-            return None  # the tail: a switch would delay the last trajectories for little gain
-        load = Load.from_forecast(
-            fc, backlog=float(sum(e.waiting_prefill_tokens for e in view.engines)),
-            decoding=sum(1 for s in live if s.phase != Phase.TOOL),
-            context=float(np.mean([s.context for s in live])),
-            output=self._recent_mean([o for s in live for o in s.outputs], self.pooled.output_tokens.median),
-            turn_prefill=self._recent_mean([tok for _, tok in self.forecaster.arrivals[-1000:]],
-                                           self.pooled.tool_output_tokens.median),
-            in_flight=len(live))
-        d = self.allocator.decide(current, load)
+        current = current_split(view)
+        if current is None:
+            return None   # a switch is under way
+        self._next_plan = view.now + self.replan_interval_s
+        self._starts_seen = len(self.tracker.starts)
+        self._plans += 1
+        rng = np.random.default_rng([self.seed, self._plans])
+        sampler = self._sampler()
+        if self.use_forecast:
+            futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng)
+            new = self._new(sampler, rng) if self.run.mode == "async" else []
+        else:
+            futures, new = self._present(view.now), []
+        if not self.switching or view.now - self._last_switch < self.min_dwell_s:
+            outcome = self.planner.whatif.run(futures, [e.role for e in view.engines],
+                                              [e.role for e in view.engines], new, self.run.max_in_flight)
+            self._record(view.now, outcome)
+            return None
+        d = self.planner.decide(view, current, futures, new, self.run.max_in_flight)
+        self._record(view.now, d.current)
+        self.plan_scores.append((view.now, d.scores))
         if not d.switch:
             return None
         self._last_switch = view.now
-        self.decisions.append((view.now, d.num_prefill))
-        return target_roles(view, d.num_prefill)
+        self.decisions.append((view.now, d.split))
+        return d.roles
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix)
@@ -111,58 +124,50 @@ class Prorsa:
         return self.forecaster.frame() if self.use_forecast else None
 
     def metrics(self) -> dict:
-        out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions]}
+        out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions],
+               "prorsa_plans": self._plans}
         if self.use_forecast:
             out.update(self.forecaster.errors())
         return out
 
     # --- helpers --------------------------------------------------------------------------------
-    def prior_split(self) -> int:
-        """The allocator's split for the load the pooled priors predict at the start of a rollout: every
-        trajectory's first prompt at once, then one turn per cycle (a tool call, lognormal mean, and
-        a decode at the default time per token), each appending the tool's output."""
-        p, n = self.pooled, self.run.max_in_flight
-        out, tool, prompt = p.output_tokens.median, p.tool_output_tokens.median, p.prompt_tokens.median
-        latency = p.tool_latency_s
-        decode_s = out * self.forecaster.default_tpot_s
-        cycle = latency.median * np.exp(latency.sigma ** 2 / 2) + decode_s
-        turns = min(p.turns.median, 1 + self.horizon_s / cycle)
-        context = prompt + p.turns.median / 2 * (out + tool)
-        load = Load(horizon_s=self.horizon_s,
-                    prefill_rate=n * (prompt + (turns - 1) * tool) / self.horizon_s,
-                    turn_prefill=(prompt + (turns - 1) * tool) / turns, output=out, turns=n * turns,
-                    decoding=n * min(1.0, decode_s / cycle), kv_per_seq=context, context=context, in_flight=0)
-        return self.allocator.decide(COLOCATED, load).num_prefill
+    def _sampler(self) -> FutureSampler:
+        return future_sampler(self.tracker, self.run, self.min_obs)
 
-    def present_state(self, view: ClusterView) -> Forecast:
-        """The forecast-free view: current decodes held flat; arrivals at the recent rate."""
-        live = self.tracker.live.values()
-        decoding = [s for s in live if s.phase == Phase.DECODING]
-        kv = float(sum(s.context for s in decoding))
-        recent = [tok for t, tok in self.forecaster.arrivals if t > view.now - self.horizon_s]
+    def _new(self, sampler: FutureSampler, rng) -> list[FutureTrajectory]:
+        """Async: the next `max_in_flight` trajectories to start, by the workload's family mix."""
+        return sampler.new(self.families, self.weights, self.run.max_in_flight, -1 - self.run.max_in_flight, rng)
+
+    def _initial_split(self) -> int:
+        """The planner's best start for one phase of trajectories drawn from the priors."""
+        sampler = self._sampler()
+        rng = np.random.default_rng([self.seed, 0])
+        count = self.run.trajectories_per_step if self.run.mode == "sync" else 2 * self.run.max_in_flight
+        new = sampler.new(self.families, self.weights, count, 0, rng)
+        split, scores = self.planner.initial(new, self.run.max_in_flight)
+        self.plan_scores.append((0.0, scores))
+        return split
+
+    def _present(self, now: float) -> list[FutureTrajectory]:
+        """The forecast-free view: every live trajectory finishes its current turn (at the mean output
+        seen so far) and nothing follows."""
+        outs = self.tracker.outputs
+        mean = {f: float(np.mean(v[-1000:])) for f, v in outs.items() if v}
+        futures = []
+        for s in self.tracker.live.values():
+            if s.phase == Phase.TOOL:
+                continue
+            tokens = max(int(mean.get(s.family, self.run.priors[s.family].output_tokens.median)), 1)
+            futures.append(FutureTrajectory(s.trajectory_id, s.family, 0.0,
+                                            [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)],
+                                            self.prefix.decode_engine.get(s.trajectory_id),
+                                            self.prefix.prefill_engine.get(s.trajectory_id)))
+        return futures
+
+    def _tpot(self) -> float:
+        seen = list(self.tracker.tpot.values())
+        return float(np.median(seen)) if seen else 0.02
+
+    def _record(self, now: float, outcome) -> None:
         w = self.horizon_s / self.bins
-        rate = sum(recent) / self.horizon_s
-        ones = np.ones(self.bins)
-        outs = [o for s in live for o in s.outputs]
-        left = float(np.mean(outs)) if outs else self.pooled.output_tokens.median
-        dtok = np.zeros(self.bins)
-        dtok[0] = left * sum(1 for s in live if s.phase != Phase.TOOL)
-        return Forecast(view.now, w, ones * rate * w, ones * len(decoding), ones * kv, dtok)
-
-    @staticmethod
-    def _recent_mean(values: list, prior: float) -> float:
-        return float(np.mean(values[-1000:])) if values else prior
-
-    @staticmethod
-    def _roles_for(split: int, n: int) -> list[Role]:
-        if split == COLOCATED:
-            return [Role.COLOCATED] * n
-        return [Role.PREFILL] * split + [Role.DECODE] * (n - split)
-
-
-def pooled_priors(priors: dict[str, FamilyPriors], weights: dict[str, float]) -> FamilyPriors:
-    """One family's worth of priors for the whole workload: per quantity, the mixture of the families'
-    priors by their step-0 shares (lognormal_mixture); with no shares given, families weigh equally."""
-    share = {f: weights.get(f, 0.0) for f in priors} if weights else {f: 1.0 for f in priors}
-    return FamilyPriors(**{q.name: lognormal_mixture((share[f], getattr(p, q.name)) for f, p in priors.items())
-                           for q in fields(FamilyPriors)})
+        self.forecaster.history.append(Forecast(now, w, outcome.prefill_tokens, outcome.decode_seqs))

@@ -8,7 +8,15 @@ The backend carries each switch out (drain, hand back queued legs, switch time);
 from __future__ import annotations
 
 from harness.api import ClusterView, Role
-from harness.prorsa.allocator import COLOCATED
+
+COLOCATED = 0   # the split "no prefill engines": every engine colocated
+
+
+def roles_for(split: int, n: int) -> list[Role]:
+    """The roles of `n` engines in `split` (before any engine exists: the initial allocation)."""
+    if split == COLOCATED:
+        return [Role.COLOCATED] * n
+    return [Role.PREFILL] * split + [Role.DECODE] * (n - split)
 
 
 def current_split(view: ClusterView) -> int | None:

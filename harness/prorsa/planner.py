@@ -1,0 +1,105 @@
+"""Prorsa's allocation planner: score candidate allocations by what-if simulation, switch when it pays.
+
+Candidates are colocation (if allowed) and every P:D split, each reached from the present roles by
+moving the fewest, cheapest-to-drain engines (switcher.py). Each runs on the same sampled futures
+(whatif.py) and is scored by when its work ends: in sync RL the step ends with its slowest
+trajectory, so the score is the predicted completion of the step's trajectories (the critical path);
+in async RL it is the completion of the live trajectories plus the next `max_in_flight` to start (a
+rolling phase). The what-if run of a switch includes its whole price under the cluster's switch
+mechanism (drain, switch time, lost prefix cache, resharding), so a switch is taken when the best
+candidate beats staying by more than `hysteresis` (a share of the current prediction: sampling
+noise, not a cost).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
+from harness.cluster import ClusterConfig
+from harness.prorsa.switcher import COLOCATED, roles_for, target_roles
+from harness.prorsa.tracker import LifecycleTracker
+from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
+
+MAX_HISTORY = 2000   # the newest observations per family and quantity a plan samples from (bounded)
+
+PRIOR_POINTS = 199
+_Z = np.array([NormalDist().inv_cdf((i + 1) / (PRIOR_POINTS + 1)) for i in range(PRIOR_POINTS)])
+
+
+def prior_samples(prior: LogNormalPrior) -> np.ndarray:
+    """A lognormal prior as sorted quantile points."""
+    return prior.median * np.exp(prior.sigma * _Z)
+
+
+def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> FutureSampler:
+    """Per family: what was observed once there are `min_observations` values, the prior until then
+    (turns cut at the family's turn cap)."""
+    def pick(observed: dict[str, list], key: str) -> dict[str, np.ndarray]:
+        out = {}
+        for family, priors in run.priors.items():
+            seen = observed.get(family, [])
+            values = seen[-MAX_HISTORY:] if len(seen) >= min_observations else prior_samples(getattr(priors, key))
+            out[family] = np.sort(np.asarray(values, dtype=float))
+        return out
+    turns = pick(tracker.finished_turns, "turns")
+    return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
+                         tool_latency=pick(tracker.tool_latencies, "tool_latency_s"),
+                         tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),
+                         turns={f: np.minimum(v, run.priors[f].max_turns) for f, v in turns.items()},
+                         first_prompts=pick(tracker.first_prompts, "prompt_tokens"),
+                         max_context={f: p.context_cap for f, p in run.priors.items()})
+
+
+@dataclass
+class Decision:
+    split: int                          # COLOCATED or the number of prefill engines
+    roles: dict[int, Role]
+    switch: bool
+    scores: dict[int, float]            # split -> predicted completion (s from now)
+    current: Outcome                    # the what-if under the present allocation (the forecast)
+
+
+class Planner:
+    def __init__(self, cluster: ClusterConfig, whatif: WhatIf, hysteresis: float, allow_colocated: bool,
+                 max_candidates: int):
+        self.cluster, self.whatif = cluster, whatif
+        self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
+        self.max_candidates = max_candidates
+
+    def candidates(self, current: int) -> list[int]:
+        """Colocation and the splits; on big clusters the ones near the present split and a coarse grid."""
+        n = self.cluster.num_engines
+        splits = list(range(1, n))
+        if len(splits) > self.max_candidates:
+            near = {current + d for d in (-2, -1, 1, 2)} if current != COLOCATED else set()
+            step = max(1, n // self.max_candidates)
+            splits = sorted({*range(step, n, step), *near} & set(range(1, n)))
+        return ([COLOCATED] if self.allow_colocated else []) + splits
+
+    def decide(self, view: ClusterView, current: int, futures: list[FutureTrajectory],
+               new: list[FutureTrajectory], max_in_flight: int) -> Decision:
+        now_roles = [e.role for e in view.engines]
+        outcomes: dict[int, Outcome] = {}
+        roles_of: dict[int, dict[int, Role]] = {}
+        for split in {current, *self.candidates(current)}:
+            roles = target_roles(view, split)
+            roles_of[split] = roles
+            outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
+                                              new, max_in_flight)
+        scores = {k: o.completion_s for k, o in outcomes.items()}
+        best = min(scores, key=lambda k: (scores[k], outcomes[k].mean_turn_latency_s, k != current, k))
+        switch = best != current and scores[best] < scores[current] * (1 - self.hysteresis)
+        chosen = best if switch else current
+        return Decision(chosen, roles_of[chosen], switch, scores, outcomes[current])
+
+    def initial(self, new: list[FutureTrajectory], max_in_flight: int) -> tuple[int, dict[int, float]]:
+        """The best allocation to start in, for trajectories sampled from the priors (no switch)."""
+        n = self.cluster.num_engines
+        scores = {}
+        for split in self.candidates(COLOCATED if self.allow_colocated else 1):
+            roles = roles_for(split, n)
+            scores[split] = self.whatif.run([], roles, roles, new, max_in_flight).completion_s
+        return min(scores, key=lambda k: (scores[k], k)), scores

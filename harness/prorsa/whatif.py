@@ -1,0 +1,266 @@
+"""What-if simulation: Prorsa's performance model is the simulator itself, run from the observed present.
+
+Why: a closed-form model of turn latency misses what decides the best allocation in agentic rollouts:
+the DP-attention stall (one rank's prefill stretches every rank's step), prefill-decode interference
+under each engine's step semantics (vLLM mixed steps, SGLang prefill-first), KV limits, prefix-cache
+locality, what a role switch really costs (drain, switch time, lost prefix cache) and, in sync RL, the
+critical path of the slowest trajectory. The calibrated simulator models all of them, so the allocator
+asks it: "from what we observe now, with these sampled futures, when does the work end under
+allocation X?"
+
+Only observations go in (nothing of the workload's scripts):
+  - every live trajectory's phase, turn, context and where its KV lives (lifecycle events);
+  - its future, sampled from the forecaster's per-family distributions (learned online, priors until
+    then): turns left given the turns so far, the rest of the current output given what was generated,
+    the rest of a tool call given its elapsed time, and every later turn's output, tool latency and
+    tool output;
+  - in async mode, new trajectories from the workload's family mix, started as slots free up.
+Common random numbers: every candidate allocation is run on the same sampled futures.
+The run under the current allocation is also the whole-horizon forecast: prefill tokens that become
+ready and sequences decoding, per bin.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+
+from harness.api import EventKind, LifecycleEvent, Role, TurnRequest
+from harness.cluster import ClusterConfig
+from harness.prorsa.tracker import LifecycleTracker, Phase
+from harness.routing import PrefixTracker, route_by_role
+from harness.sim.backend import SimBackend
+
+
+@dataclass
+class FutureTurn:
+    prompt_tokens: int          # the whole context of the turn's prompt
+    cached_tokens: int          # of which the KV is already where the trajectory lives
+    output_tokens: int
+    tool_latency_s: float       # the tool call after the turn (0: the last turn)
+
+
+@dataclass
+class FutureTrajectory:
+    trajectory_id: int
+    family: str
+    ready_s: float              # when its next turn's prompt is ready, from now
+    turns: list[FutureTurn]
+    decode_engine: int | None = None    # where its KV lives (the last decode), if anywhere
+    prefill_engine: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What the simulator predicts for one allocation."""
+
+    completion_s: float                 # when the last of the trajectories ends, from now
+    mean_turn_latency_s: float
+    ends: list[float]                   # each trajectory's end, from now
+    prefill_tokens: np.ndarray          # per bin: tokens of prompts that become ready
+    decode_seqs: np.ndarray             # per bin: sequences decoding at the bin's middle
+
+
+def sample_excess(values: np.ndarray, above: float, rng: np.random.Generator) -> float:
+    """A draw of X given X > above, from a sorted sample (just above it when no sample exceeds it)."""
+    i = int(np.searchsorted(values, above, side="right"))
+    if i >= len(values):
+        return float(above) + 1.0
+    return float(values[rng.integers(i, len(values))])
+
+
+def draw(values: np.ndarray, rng: np.random.Generator) -> float:
+    return float(values[rng.integers(len(values))])
+
+
+@dataclass
+class FutureSampler:
+    """Samples trajectories' futures from per-family distributions (sorted samples)."""
+
+    outputs: dict[str, np.ndarray]
+    tool_latency: dict[str, np.ndarray]
+    tool_outputs: dict[str, np.ndarray]
+    turns: dict[str, np.ndarray]
+    first_prompts: dict[str, np.ndarray]
+    max_context: dict[str, int]         # per family: no turn's prompt + output grows past it
+
+    def later_turns(self, family: str, context: int, count: int, rng) -> list[FutureTurn]:
+        """`count` turns after a tool call ends a turn whose context (prompt + output) is `context`."""
+        out = []
+        for _ in range(count):
+            new = max(int(draw(self.tool_outputs[family], rng)), 1)
+            cap = self.max_context[family]
+            if context + new + 1 >= cap:
+                break   # the tool output does not fit: the agent framework ends the trajectory
+            tokens = min(max(int(draw(self.outputs[family], rng)), 1), cap - context - new)
+            out.append(FutureTurn(context + new, context, tokens, draw(self.tool_latency[family], rng)))
+            context += new + tokens
+        if out:
+            out[-1].tool_latency_s = 0.0   # the last turn makes no tool call
+        return out
+
+    def turns_left(self, family: str, turn: int, rng) -> int:
+        """Turns after the current one (0-based `turn`), given the trajectory has reached it."""
+        return max(int(round(sample_excess(self.turns[family], turn + 0.5, rng))) - turn - 1, 0)
+
+    def live(self, now: float, tracker: LifecycleTracker, prefix: PrefixTracker, tpot: float,
+             rng: np.random.Generator) -> list[FutureTrajectory]:
+        """The futures of the live trajectories, from their observed state."""
+        futures = []
+        for s in tracker.live.values():
+            f = s.family
+            more = self.turns_left(f, s.turn, rng)
+            if s.phase == Phase.TOOL:
+                # a tool call follows every turn but the last: one more turn at least
+                elapsed = now - s.phase_since
+                ready = sample_excess(self.tool_latency[f], elapsed, rng) - elapsed
+                turns = self.later_turns(f, s.context + s.outputs[-1], max(more, 1), rng)
+                if not turns:
+                    continue
+            else:
+                generated = round((now - s.phase_since) / tpot) if s.phase == Phase.DECODING else 0
+                total = sample_excess(self.outputs[f], generated, rng) if generated else draw(self.outputs[f], rng)
+                prompt = s.context + int(generated)
+                left = min(max(int(round(total - generated)), 1), max(self.max_context[f] - prompt, 1))
+                cached = prompt - (s.appended if s.phase == Phase.QUEUED else 1)
+                later = self.later_turns(f, prompt + left, more, rng)
+                first = FutureTurn(prompt, max(cached, 0), left, draw(self.tool_latency[f], rng) if later else 0.0)
+                turns, ready = [first] + later, 0.0
+            tid = s.trajectory_id
+            futures.append(FutureTrajectory(tid, f, ready, turns, prefix.decode_engine.get(tid),
+                                            prefix.prefill_engine.get(tid)))
+        return futures
+
+    def new(self, families: list[str], weights: list[float], count: int, first_id: int,
+            rng: np.random.Generator) -> list[FutureTrajectory]:
+        """`count` trajectories not started yet, by the workload's family mix."""
+        p = np.asarray(weights, dtype=float) / sum(weights)
+        out = []
+        for i in range(count):
+            f = families[int(rng.choice(len(families), p=p))]
+            cap = self.max_context[f]
+            prompt = min(max(int(draw(self.first_prompts[f], rng)), 1), cap - 1)
+            tokens = min(max(int(draw(self.outputs[f], rng)), 1), cap - prompt)
+            more = self.turns_left(f, 0, rng)
+            later = self.later_turns(f, prompt + tokens, more, rng)
+            first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[f], rng) if later else 0.0)
+            out.append(FutureTrajectory(first_id + i, f, 0.0, [first] + later))
+        return out
+
+
+@dataclass
+class _Run:
+    """The bookkeeping of one what-if simulation (a small agent loop over the simulator)."""
+
+    backend: SimBackend
+    futures: dict[int, FutureTrajectory]
+    waiting_new: list[FutureTrajectory]
+    max_in_flight: int
+    bin_s: float
+    bins: int
+    prefix: PrefixTracker = field(default_factory=PrefixTracker)
+    ready_at: dict[int, float] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    parked: list[TurnRequest] = field(default_factory=list)
+    decode_spans: list[tuple[float, float]] = field(default_factory=list)
+    decode_start: dict[int, float] = field(default_factory=dict)
+    in_flight: int = 0
+
+    def __post_init__(self):
+        self.prefill = np.zeros(self.bins)
+        self.backend.set_listener(self.on_event, self.route)
+
+    def start(self, ft: FutureTrajectory, delay: float) -> None:
+        self.in_flight += 1
+        self.backend.call_later(delay, partial(self.turn_ready, ft, 0))
+
+    def turn_ready(self, ft: FutureTrajectory, k: int) -> None:
+        t = ft.turns[k]
+        now = self.backend.now()
+        b = int(now // self.bin_s)
+        if b < self.bins:
+            self.prefill[b] += t.prompt_tokens - t.cached_tokens
+        self.ready_at[ft.trajectory_id] = now
+        self.route(TurnRequest(trajectory_id=ft.trajectory_id, group_id=ft.trajectory_id, turn=k, family=ft.family,
+                               prompt_tokens=t.prompt_tokens, appended_tokens=t.prompt_tokens - t.cached_tokens,
+                               max_output_tokens=t.output_tokens, output_tokens=t.output_tokens, t_ready=now))
+
+    def route(self, req: TurnRequest) -> None:
+        r = route_by_role(req, self.backend.view(), self.prefix)
+        if r is None:
+            self.parked.append(req)
+        else:
+            self.backend.submit(req, r)
+
+    def on_event(self, e: LifecycleEvent) -> None:
+        self.prefix.observe(e)
+        K = EventKind
+        if e.kind == K.DECODE_START:
+            self.decode_start[e.trajectory_id] = e.t
+        elif e.kind == K.DECODE_END:
+            self.decode_spans.append((self.decode_start.pop(e.trajectory_id, e.t), e.t))
+            ft = self.futures[e.trajectory_id]
+            self.latencies.append(e.t - self.ready_at[e.trajectory_id])
+            if e.turn + 1 < len(ft.turns):
+                self.backend.call_later(ft.turns[e.turn].tool_latency_s, partial(self.turn_ready, ft, e.turn + 1))
+            else:
+                self.ends.append(e.t)
+                self.in_flight -= 1
+                while self.waiting_new and self.in_flight < self.max_in_flight:
+                    self.start(self.waiting_new.pop(), 0.0)
+        elif e.kind == K.ROLE_SWITCH_END and self.parked:
+            parked, self.parked = self.parked, []
+            for req in parked:
+                self.route(req)
+
+
+class WhatIf:
+    """Runs the simulator forward from the present under a candidate allocation."""
+
+    def __init__(self, cluster: ClusterConfig, bins: int, bin_s: float):
+        self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
+
+    def run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
+            new: list[FutureTrajectory] = (), max_in_flight: int = 0) -> Outcome:
+        backend = SimBackend(self.cluster, list(roles_now))
+        self._warm_caches(backend, futures)
+        run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
+                   max(max_in_flight, len(futures)), self.bin_s, self.bins)
+        for ft in futures:   # where each trajectory's KV lives, as the real router knows it
+            if ft.decode_engine is not None:
+                run.prefix.decode_engine[ft.trajectory_id] = ft.decode_engine
+            if ft.prefill_engine is not None:
+                run.prefix.prefill_engine[ft.trajectory_id] = ft.prefill_engine
+        for i, (a, b) in enumerate(zip(roles_now, roles)):
+            if a != b:
+                backend.switch_role(i, b)
+        for ft in futures:
+            run.start(ft, ft.ready_s)
+        while run.waiting_new and run.in_flight < run.max_in_flight:
+            run.start(run.waiting_new.pop(), 0.0)
+        backend.run()
+        mids = (np.arange(self.bins) + 0.5) * self.bin_s
+        decode = np.zeros(self.bins)
+        for a, b in run.decode_spans:
+            decode += (mids >= a) & (mids < b)
+        ends = run.ends
+        return Outcome(completion_s=max(ends, default=0.0),
+                       mean_turn_latency_s=float(np.mean(run.latencies)) if run.latencies else 0.0,
+                       ends=ends, prefill_tokens=run.prefill, decode_seqs=decode)
+
+    @staticmethod
+    def _warm_caches(backend: SimBackend, futures: list[FutureTrajectory]) -> None:
+        """Each trajectory's prefix sits where it was last decoded and prefilled, as in the real cluster."""
+        for ft in futures:
+            cached = ft.turns[0].cached_tokens
+            if not cached:
+                continue
+            for engine_id in {ft.decode_engine, ft.prefill_engine} - {None}:
+                e = backend.engines[engine_id]
+                rank = e.ranks[ft.trajectory_id % len(e.ranks)]
+                rank.cache_put(ft.trajectory_id, cached)
+        for e in backend.engines:
+            for r in e.ranks:
+                r.evict_until(0)

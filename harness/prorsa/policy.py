@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
-from harness.cluster import ClusterConfig
+from harness.cluster import ClusterConfig, cost_model
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for
@@ -73,6 +73,9 @@ class Prorsa:
         self.planner = Planner(cluster, whatif, self.hysteresis, self.allow_colocated, self.max_candidates)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
         self.families = sorted(run.priors)
+        decode = cost_model(cluster, Role.DECODE)   # time per token before any is observed: a batch of 32
+        dp = decode.par.dp
+        self.default_tpot_s = float(decode.decode_step_times(np.full(dp, 32 // dp or 1), np.zeros(dp), 1)[0])
         self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
         split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
@@ -166,7 +169,7 @@ class Prorsa:
 
     def _tpot(self) -> float:
         seen = list(self.tracker.tpot.values())
-        return float(np.median(seen)) if seen else 0.02
+        return float(np.median(seen)) if seen else self.default_tpot_s
 
     def _record(self, now: float, outcome) -> None:
         w = self.horizon_s / self.bins

@@ -7,7 +7,7 @@ files, then compares them:
 
     python -m harness.fidelity profile=results/calibration/vllm_cpu.json \
         policies=colocate,fixed_pd:num_prefill=1,prorsa:control_interval_s=1:min_dwell_s=5 \
-        out=results/fidelity/cpu +experiment=vllm_cpu_search backend.python=/work/vllmlab/venv/bin/python
+        out=results/fidelity/cpu +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
     python -m harness.fidelity compare=results/fidelity/cpu        # recompute errors + figure from files
 
 Errors are signed relative errors (sim - real) / real of: rollout time; per-turn latency p50/p90/p99

@@ -2,7 +2,7 @@
 
 Every engine is launched identically with a kv_both connector (ExampleConnector through a shared
 directory on CPU, NixlConnector on GPUs), so a role is only a routing decision: a switch is a drain
-plus a routing change, no restart (as SkyRL does; ../shared/reference/engines.md).
+plus a routing change, no restart (as SkyRL does; vLLM NixlConnector docs).
 
 Per turn, on the route the policy chose:
 - colocated: one streamed /v1/completions request on the engine;

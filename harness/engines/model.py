@@ -2,7 +2,7 @@
 
 There is no hub access on the development machines, and weight values do not change timing (output
 lengths are forced with `ignore_eos` + `max_tokens`), so a random model of the right architecture is
-enough. Shapes from ../shared/reference/engines.md: vocab 4096, hidden 256, 4 layers, 4 heads, 2 KV
+enough. Shapes (Qwen3 architecture, scaled down): vocab 4096, hidden 256, 4 layers, 4 heads, 2 KV
 heads, head_dim 64 (~3.4M parameters, 14 MB in float32). No tokenizer: servers run with
 `--skip-tokenizer-init` and prompts are token ids.
 """

@@ -2,7 +2,7 @@
 
 NOT RUN on real SGLang here: SGLang needs CUDA (PyPI) or a source build on AMX Xeons; the development
 machines have neither. Its test (tests/test_sglang_stub.py) runs it against a STUB HTTP server that
-records the calls. Protocol from ../shared/reference/engines.md:
+records the calls. Protocol from SGLang's PD disaggregation docs and router (sglang_router):
 
 - Servers: `python -m sglang.launch_server --disaggregation-mode prefill|decode
   --disaggregation-transfer-backend <b> --disaggregation-bootstrap-port <p> --enable-pd-role-switch`.

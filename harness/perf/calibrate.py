@@ -5,7 +5,7 @@ module measures a running vLLM server's step times and writes them as the profil
 `ProfiledCostModel` reads (`cluster.cost_model=profiled cluster.profile=FILE`), plus a least-squares fit
 of the roofline model's efficiencies and overheads (`fit_roofline`) to the same data.
 
-    python -m harness.perf.calibrate backend=vllm_cpu backend.python=/work/vllmlab/venv/bin/python \
+    python -m harness.perf.calibrate backend=vllm_cpu backend.python=.venv-engines/bin/python \
         out=results/calibration/vllm_cpu.json [grid=quick]
 
 What is measured (every request is a unique random prompt of token ids, `ignore_eos` + `max_tokens`):

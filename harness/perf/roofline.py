@@ -1,4 +1,4 @@
-"""Roofline step-time model (../shared/reference/simulator.md, "Step time (roofline)").
+"""Roofline step-time model (after Vidur, BLIS and DistServe's simulator).
 
 One engine iteration is one forward pass over a batch that may mix prefill chunks and decode
 tokens. Per data-parallel attention rank:

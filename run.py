@@ -1,8 +1,11 @@
 """Entry point: `python run.py` runs the default experiment; `python run.py -m policy=a,b` sweeps.
 
 In a sweep, a job whose directory holds a complete result for the same config is skipped, and a job
-that fails leaves error.json and lets the others run (harness/sweep.py reports it at the end).
+that fails leaves error.json and lets the others run (harness/sweep.py reports it at the end). Each
+job's start, skip and completion go to the log (Hydra's `run.log` in the job directory, appended by
+every attempt), so a resumed sweep shows what ran where.
 """
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -12,8 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.experiment import is_complete, record_failure, run_experiment
+from harness.experiment import is_complete, job_lock, record_failure, run_experiment
 from harness.report import print_summary
+
+log = logging.getLogger("run")
 
 
 @hydra.main(config_path="configs", config_name="config", version_base=None)
@@ -22,20 +27,22 @@ def main(cfg: DictConfig) -> None:
     out = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     name = hc.job.override_dirname or out.name
-    if is_complete(out, cfg):
-        print(f"[{name}] skipped: complete result in {out}")
-        return
-    try:
-        summary = run_experiment(cfg, out, run_name=name, group=Path(hc.sweep.dir).name if multirun else None)
-    except Exception as exc:
-        message = record_failure(out, cfg, list(hc.overrides.task), exc)
-        if not isinstance(exc, ValueError) and not isinstance(exc.__cause__, ValueError):
-            traceback.print_exc()
-        print(f"[{name}] FAILED: {message} (details: {out / 'error.json'})", file=sys.stderr, flush=True)
-        if not multirun:
-            sys.exit(1)
-        return
-    print(f"[{name}] done: {out}")
+    with job_lock(out):
+        if is_complete(out, cfg):
+            log.info(f"[{name}] skipped: complete result in {out}")
+            return
+        log.info(f"[{name}] started")
+        try:
+            summary = run_experiment(cfg, out, run_name=name, group=Path(hc.sweep.dir).name if multirun else None)
+        except Exception as exc:
+            message = record_failure(out, cfg, list(hc.overrides.task), exc)
+            if not isinstance(exc, ValueError) and not isinstance(exc.__cause__, ValueError):
+                traceback.print_exc()
+            print(f"[{name}] FAILED: {message} (details: {out / 'error.json'})", file=sys.stderr, flush=True)
+            if not multirun:
+                sys.exit(1)
+            return
+        log.info(f"[{name}] done: {out}")
     print_summary(summary)
 
 

@@ -3,18 +3,24 @@
 Every run writes, next to Hydra's `.hydra/config.yaml`: lifecycle.parquet (one row per turn),
 engines.parquet (each engine's role over time and its utilisation), timeseries.parquet (cluster state
 every `sample_interval_s`) and summary.json. Files are written to a temporary name and renamed, so a
-crash never leaves a half-written result; summary.json is written last and marks the run complete.
+crash never leaves a half-written result; summary.json is written last and marks the run complete
+(a new attempt removes the old one first, so a killed rerun never pairs old completion with new files).
 A run that raised leaves error.json instead (its config, error and traceback), for the report and
-for the end-of-sweep check (harness/sweep.py).
+for the end-of-sweep check (harness/sweep.py). `job_lock` keeps two processes from running one job
+directory at once (a rerun of a killed sweep whose Ray workers still finish their jobs).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import time
 import traceback
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -32,11 +38,13 @@ from harness.routing import PrefixTracker
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
-from harness.wandb_logger import make_logger
+from harness.wandb_logger import RESULT_FILES, make_logger
 from workloads.base import Workload
 
 SUMMARY = "summary.json"
 ERROR = "error.json"
+LOCK = ".lock"
+log = logging.getLogger(__name__)
 # Keys that cannot change a run's results: a rerun with other values still finds the run complete.
 NON_RESULT_KEYS = ("logger", "progress_interval_s")
 
@@ -85,8 +93,37 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def is_complete(out_dir: str | os.PathLike, cfg: DictConfig) -> bool:
-    path = Path(out_dir) / SUMMARY
-    return path.exists() and json.loads(path.read_text()).get("config_hash") == config_hash(cfg)
+    """summary.json for this config, and the result files it completes; anything else (no summary, one
+    that cannot be read, another config's) is a job to run."""
+    out = Path(out_dir)
+    try:
+        summary = json.loads((out / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(summary, dict) and summary.get("config_hash") == config_hash(cfg)
+            and all((out / name).is_file() for name in RESULT_FILES))
+
+
+@contextmanager
+def job_lock(out_dir: str | os.PathLike) -> Iterator[None]:
+    """Holds an exclusive lock on `<out_dir>/.lock` while a job is checked and run. Ray workers outlive a
+    killed sweep driver and may finish the job they run; a rerun waits for them and then finds the job
+    complete instead of running it a second time. The kernel drops the lock when its holder dies, so a
+    killed job never leaves it held. Needs the job directories on one machine's file system."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            log.warning("%s: another process (pid %s) runs this job; waiting for it", out, f.read().strip() or "?")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
 
 
 def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = "run",
@@ -108,6 +145,11 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     if oracle:
         policy.attach_driver(driver)
     sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
+    # This attempt replaces whatever an earlier one left: no completion marker until it ends, and no
+    # temporary file of a killed attempt.
+    (out / SUMMARY).unlink(missing_ok=True)
+    for tmp in out.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
     logger = make_logger(OmegaConf.to_container(cfg.logger, resolve=True), OmegaConf.to_container(cfg, resolve=True),
                          out, run_name, group)
     sampler.listeners += [logger.log_sample, ProgressPrinter(run_name, float(cfg.progress_interval_s))]
@@ -202,9 +244,18 @@ def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResu
 
 
 def _atomic(path: Path, write) -> None:
+    """Write to a temporary name, flush it to disk, rename: a killed process or a crashed machine leaves
+    the old file or the new one, never a part of one."""
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)   # the rename itself
+    finally:
+        os.close(dir_fd)
 
 
 def write_results(out: Path, lifecycle: pd.DataFrame, timeline: list[dict], timeseries: pd.DataFrame) -> None:

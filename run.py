@@ -1,7 +1,9 @@
 """Entry point: `python run.py` runs the default experiment; `python run.py -m policy=a,b` sweeps.
 
 In a sweep, a job whose directory holds a complete result for the same config is skipped, and a job
-that fails leaves error.json and lets the others run (harness/sweep.py reports it at the end). Each
+that fails leaves error.json and lets the others run (harness/sweep.py reports it at the end).
+Exit status: 0 done, 1 failed (error.json), 3 results complete but W&B logging failed (summary.json's
+`logger_failure` says how); a sweep exits 1 if any job failed, else 3 if any job's logging failed. Each
 job's start, skip and completion go to the log (Hydra's `run.log` in the job directory, appended by
 every attempt), so a resumed sweep shows what ran where.
 """
@@ -15,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.experiment import is_complete, job_lock, record_failure, run_experiment
+from harness.experiment import EXIT_LOGGER_FAILED, is_complete, job_lock, record_failure, run_experiment
 from harness.report import print_summary
 
 log = logging.getLogger("run")
@@ -44,6 +46,10 @@ def main(cfg: DictConfig) -> None:
             return
         log.info(f"[{name}] done: {out}")
     print_summary(summary)
+    if summary.get("logger_failure"):
+        log.warning(f"[{name}] the results are complete, but {summary['logger_failure']}")
+        if not multirun:   # a sweep reports it at the end (harness/sweep.py)
+            sys.exit(EXIT_LOGGER_FAILED)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from harness.routing import PrefixTracker
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
-from harness.wandb_logger import RESULT_FILES, make_logger
+from harness.wandb_logger import RESULT_FILES, logger_config, make_logger
 from workloads.base import Workload
 
 SUMMARY = "summary.json"
@@ -47,6 +47,8 @@ LOCK = ".lock"
 log = logging.getLogger(__name__)
 # Keys that cannot change a run's results: a rerun with other values still finds the run complete.
 NON_RESULT_KEYS = ("logger", "progress_interval_s")
+# run.py's exit status when the results are complete but the experiment logger (W&B) failed.
+EXIT_LOGGER_FAILED = 3
 
 
 def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
@@ -134,6 +136,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     # Everything is validated before anything is simulated or logged.
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    logger_cfg = logger_config(OmegaConf.to_container(cfg.logger, resolve=True))
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = instantiate(cfg.policy)
     oracle = isinstance(policy, OraclePD)   # the named exception: it simulates the future
@@ -150,8 +153,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     (out / SUMMARY).unlink(missing_ok=True)
     for tmp in out.glob("*.tmp"):
         tmp.unlink(missing_ok=True)
-    logger = make_logger(OmegaConf.to_container(cfg.logger, resolve=True), OmegaConf.to_container(cfg, resolve=True),
-                         out, run_name, group)
+    logger = make_logger(logger_cfg, OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
     sampler.listeners += [logger.log_sample, ProgressPrinter(run_name, float(cfg.progress_interval_s))]
     failed = True
     try:
@@ -175,6 +177,8 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         failed = False
     finally:
         logger.finish(failed)
+    if logger.failure:   # the results are complete; what W&B lacks is said where the results are
+        summary["logger_failure"] = logger.failure
     _atomic(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
     return summary
 

@@ -1,9 +1,12 @@
-"""End-of-sweep check: Hydra runs every job of a sweep; this callback names the ones that failed.
+"""End-of-sweep check: Hydra runs every job of a sweep; this callback names the ones that failed, and the
+ones whose results are complete but whose W&B logging failed.
 
 Why a callback: run.py catches a job's exception (so the other jobs go on, with any launcher) and
 leaves error.json in the job's directory; Hydra discards the jobs' return values, so the sweep's exit
-status comes from here. It reads the error.json files written during the sweep (new or changed since it
-started), which needs the sweep directory on a file system the jobs share (always true on one machine).
+status comes from here: 1 if a job failed, else 3 (experiment.EXIT_LOGGER_FAILED) if a job's logging
+failed (its summary.json has `logger_failure`). It reads the error.json and summary.json files written
+during the sweep (new or changed since it started), which needs the sweep directory on a file system the
+jobs share (always true on one machine).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from harness.experiment import ERROR
+from harness.experiment import ERROR, EXIT_LOGGER_FAILED, SUMMARY
 
 
 class FailedJobs(Callback):
@@ -23,20 +26,40 @@ class FailedJobs(Callback):
         self.before: dict[Path, int] = {}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.before = self._errors(Path(str(config.hydra.sweep.dir)))
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.before = {**self._files(sweep_dir, ERROR), **self._files(sweep_dir, SUMMARY)}
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        failed = sorted(p for p, mtime in self._errors(sweep_dir).items() if self.before.get(p) != mtime)
-        if not failed:
-            return
-        print(f"\n{len(failed)} job(s) of the sweep in {sweep_dir} failed:", file=sys.stderr)
-        for path in failed:
-            record = json.loads(path.read_text())
-            print(f"  {' '.join(record['overrides']) or '(no overrides)'}: {record['message']}\n"
-                  f"    details: {path}", file=sys.stderr)
-        sys.exit(1)
+        failed = self._new(sweep_dir, ERROR)
+        logging_failed = [(p, s) for p in self._new(sweep_dir, SUMMARY)
+                          if (s := self._read(p)) is not None and s.get("logger_failure")]
+        if failed:
+            print(f"\n{len(failed)} job(s) of the sweep in {sweep_dir} failed:", file=sys.stderr)
+            for path in failed:
+                record = json.loads(path.read_text())
+                print(f"  {' '.join(record['overrides']) or '(no overrides)'}: {record['message']}\n"
+                      f"    details: {path}", file=sys.stderr)
+        if logging_failed:
+            print(f"\n{len(logging_failed)} job(s) of the sweep in {sweep_dir} have complete results but "
+                  "their W&B logging failed:", file=sys.stderr)
+            for path, summary in logging_failed:
+                print(f"  {path.parent.name}: {summary['logger_failure']}", file=sys.stderr)
+        if failed:
+            sys.exit(1)
+        if logging_failed:
+            sys.exit(EXIT_LOGGER_FAILED)
+
+    def _new(self, sweep_dir: Path, name: str) -> list[Path]:
+        return sorted(p for p, mtime in self._files(sweep_dir, name).items() if self.before.get(p) != mtime)
 
     @staticmethod
-    def _errors(sweep_dir: Path) -> dict[Path, int]:
-        return {p: p.stat().st_mtime_ns for p in sweep_dir.rglob(ERROR)} if sweep_dir.is_dir() else {}
+    def _read(path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _files(sweep_dir: Path, name: str) -> dict[Path, int]:
+        return {p: p.stat().st_mtime_ns for p in sweep_dir.rglob(name)} if sweep_dir.is_dir() else {}

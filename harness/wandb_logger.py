@@ -3,11 +3,18 @@
 Why a logger and not only files: W&B groups the runs of a sweep so they can be compared in its UI;
 the result files stay the source of truth (report.py reads only them). The W&B logger never needs the
 network unless `logger.mode=online` is asked for (with WANDB_API_KEY in the environment).
+
+So W&B failing (its directory not writable, wandb.init raising, the service dying mid-run) never costs
+a result: `GuardedLogger` turns the first failure into a warning, stops logging for the rest of the
+run and keeps the message (`failure`) for summary.json and the exit status. A wrong `logger.*` value is
+a config error like any other and stops the run before it starts (`logger_config`).
 """
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -15,6 +22,7 @@ from harness.timeseries import Sample
 
 RESULT_FILES = ("lifecycle.parquet", "engines.parquet", "timeseries.parquet")
 MODES = ("offline", "online", "disabled")
+log = logging.getLogger(__name__)
 
 
 class RunLogger(Protocol):
@@ -26,6 +34,8 @@ class RunLogger(Protocol):
 
 
 class NoLogger:
+    failure = None
+
     def log_sample(self, sample: Sample) -> None:
         pass
 
@@ -50,6 +60,17 @@ class WandbConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"logger.mode={self.mode!r} is invalid; allowed: {', '.join(MODES)}")
+        if not (isinstance(self.project, str) and self.project):
+            raise ValueError(f"logger.project={self.project!r} is invalid; allowed: a non-empty string")
+        for key in ("entity", "group"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise ValueError(f"logger.{key}={getattr(self, key)!r} is invalid; allowed: a string or null")
+        if not (isinstance(self.tags, (list, tuple)) and all(isinstance(t, str) for t in self.tags)):
+            raise ValueError(f"logger.tags={self.tags!r} is invalid; allowed: a list of strings")
+        if not isinstance(self.tables, bool):
+            raise ValueError(f"logger.tables={self.tables!r} is invalid; allowed: true, false")
+        if isinstance(self.max_table_rows, bool) or not (isinstance(self.max_table_rows, int) and self.max_table_rows >= 0):
+            raise ValueError(f"logger.max_table_rows={self.max_table_rows!r} is invalid; allowed: an integer >= 0")
 
 
 class WandbLogger:
@@ -85,8 +106,8 @@ class WandbLogger:
                     continue   # forecast.parquet: only policies that forecast write it
                 df = pd.read_parquet(out_dir / f"{name}.parquet")
                 if len(df) > self.cfg.max_table_rows:
-                    print(f"W&B: {name} has {len(df)} rows > logger.max_table_rows={self.cfg.max_table_rows}; "
-                          f"not logged as a table (it is in the results artifact)")
+                    log.info(f"W&B: {name} has {len(df)} rows > logger.max_table_rows={self.cfg.max_table_rows}; "
+                             f"not logged as a table (it is in the results artifact)")
                     continue
                 # Plain Python rows and no per-column type check: 4x faster than Table(dataframe=df).
                 rows = df.astype(object).where(df.notna(), None).to_numpy().tolist()
@@ -103,10 +124,56 @@ class WandbLogger:
         self.run.finish(exit_code=1 if failed else 0)
 
 
-def make_logger(logger_cfg: dict, config: dict, out_dir: Path, run_name: str, group: str | None) -> RunLogger:
+class GuardedLogger:
+    """Runs a logger so that its failures never reach the run: the first exception (building it
+    included) is logged as a warning and kept in `failure`, and nothing more is logged; `finish` is
+    still tried, to close what was opened."""
+
+    def __init__(self, make: Callable[[], RunLogger], what: str = "W&B") -> None:
+        self.what = what
+        self.failure: str | None = None
+        self.logger: RunLogger | None = None
+        self.logger = self._call("start", make)
+
+    def _call(self, step: str, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:   # anything the logging library raises: the results do not depend on it
+            if self.failure is None:
+                self.failure = f"{self.what} {step} failed: {type(exc).__name__}: {exc}"
+                log.warning("%s; logging to %s is off for the rest of the run, the result files are written "
+                            "as usual", self.failure, self.what)
+            return None
+
+    def log_sample(self, sample: Sample) -> None:
+        if self.failure is None and self.logger is not None:
+            self._call("log", self.logger.log_sample, sample)
+
+    def log_results(self, out_dir: Path, summary: dict) -> None:
+        if self.failure is None and self.logger is not None:
+            self._call("log_results", self.logger.log_results, out_dir, summary)
+
+    def finish(self, failed: bool) -> None:
+        if self.logger is not None:
+            self._call("finish", self.logger.finish, failed)
+
+
+def logger_config(logger_cfg: dict) -> WandbConfig | None:
+    """The validated `logger` group: None for `logger=none`."""
     name = logger_cfg.get("name")
     if name == "none":
-        return NoLogger()
+        return None
     if name == "wandb":
-        return WandbLogger(WandbConfig(**logger_cfg), config, out_dir, run_name, group)
+        known = {f.name for f in fields(WandbConfig)}
+        for key, value in logger_cfg.items():
+            if key not in known:
+                raise ValueError(f"logger.{key}={value!r} is invalid; allowed: one of {', '.join(sorted(known))}")
+        return WandbConfig(**logger_cfg)
     raise ValueError(f"logger.name={name!r} is invalid; allowed: none, wandb")
+
+
+def make_logger(cfg: WandbConfig | None, config: dict, out_dir: Path, run_name: str,
+                group: str | None) -> NoLogger | GuardedLogger:
+    if cfg is None:
+        return NoLogger()
+    return GuardedLogger(lambda: WandbLogger(cfg, config, out_dir, run_name, group))

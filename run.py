@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness.experiment import EXIT_LOGGER_FAILED, is_complete, job_lock, record_failure, run_experiment
+from harness.experiment import (EXIT_LOGGER_FAILED, is_complete, is_config_error, job_lock, record_failure,
+                               run_experiment)
 from harness.report import print_summary
 
 log = logging.getLogger("run")
@@ -38,7 +39,7 @@ def main(cfg: DictConfig) -> None:
             summary = run_experiment(cfg, out, run_name=name, group=Path(hc.sweep.dir).name if multirun else None)
         except Exception as exc:
             message = record_failure(out, cfg, list(hc.overrides.task), exc)
-            if not isinstance(exc, ValueError) and not isinstance(exc.__cause__, ValueError):
+            if not is_config_error(exc):
                 traceback.print_exc()
             print(f"[{name}] FAILED: {message} (details: {out / 'error.json'})", file=sys.stderr, flush=True)
             if not multirun:

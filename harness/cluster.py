@@ -5,7 +5,10 @@ so a wrong value stops the run before anything is simulated.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from harness.api import Role
@@ -66,44 +69,74 @@ def _require(cond: bool, key: str, value: Any, allowed: str) -> None:
         raise ValueError(f"cluster.{key}={value!r} is invalid; allowed: {allowed}")
 
 
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """A finite int or float (not a bool, not a string that looks like one)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# Cost-model constants that divide a peak rate (the rest are seconds, >= 0). Only > 0: a calibration
+# against a nominal rate (harness/perf/calibrate.py) may fit a share above 1.
+_EFFICIENCIES = ("gemm_mfu", "attn_mfu", "mem_efficiency", "nic_efficiency")
+
+
 def cluster_from_config(c: dict) -> ClusterConfig:
     c = dict(c)
     known = {f.name for f in fields(ClusterConfig)}
     for key in c:
         _require(key in known, key, c[key], "one of " + ", ".join(sorted(known)))
+    required = [f.name for f in fields(ClusterConfig) if f.name not in _OPTIONAL + ("cost_model", "profile", "perf")]
+    for key in required:
+        _require(key in c, key, None, "a value (the key is required)")
+    _require(isinstance(c["name"], str) and bool(c["name"]), "name", c["name"], "a non-empty string")
     gpu = lookup("gpu", c["gpu"], "cluster.gpu")
     model = lookup("model", c["model"], "cluster.model")
     for key in ("num_engines", "gpus_per_engine", "max_num_batched_tokens", "max_num_seqs"):
-        _require(isinstance(c[key], int) and c[key] >= 1, key, c[key], "an integer >= 1")
-    _require(0 < c["memory_fraction"] <= 1, "memory_fraction", c["memory_fraction"], "(0, 1]")
+        _require(is_int(c[key]) and c[key] >= 1, key, c[key], "an integer >= 1")
+    _require(is_number(c["memory_fraction"]) and 0 < c["memory_fraction"] <= 1, "memory_fraction",
+             c["memory_fraction"], "(0, 1]")
     for key in ("activation_reserve_bytes", "kv_transfer_setup_s", "switch_time_s", "reshard_switch_time_s"):
-        _require(c[key] >= 0, key, c[key], "a number >= 0")
+        _require(is_number(c[key]) and c[key] >= 0, key, c[key], "a number >= 0")
+    _require(isinstance(c["reset_prefix_cache_on_switch"], bool), "reset_prefix_cache_on_switch",
+             c["reset_prefix_cache_on_switch"], "true, false")
     _require(c.get("engine", "vllm") in ENGINES, "engine", c.get("engine"), ", ".join(ENGINES))
     _require(c.get("switch_mechanism", "reshard") in SWITCH_MECHANISMS, "switch_mechanism",
              c.get("switch_mechanism"), ", ".join(SWITCH_MECHANISMS))
     for key in ("chunked_prefill_size",):
         if key in c:
-            _require(isinstance(c[key], int) and c[key] >= 1, key, c[key], "an integer >= 1")
+            _require(is_int(c[key]) and c[key] >= 1, key, c[key], "an integer >= 1")
     if "cuda_graph_max_bs" in c:
-        _require(isinstance(c["cuda_graph_max_bs"], int) and c["cuda_graph_max_bs"] >= 0, "cuda_graph_max_bs",
+        _require(is_int(c["cuda_graph_max_bs"]) and c["cuda_graph_max_bs"] >= 0, "cuda_graph_max_bs",
                  c["cuda_graph_max_bs"], "an integer >= 0 (0: every decode batch runs as a CUDA graph)")
     for key in ("enable_mixed_chunk", "flush_prefix_cache_on_weight_update"):
         if key in c:
             _require(isinstance(c[key], bool), key, c[key], "true, false")
     if "router_update_s" in c:
-        _require(c["router_update_s"] >= 0, "router_update_s", c["router_update_s"], "a number >= 0")
+        _require(is_number(c["router_update_s"]) and c["router_update_s"] >= 0, "router_update_s",
+                 c["router_update_s"], "a number >= 0")
     _require(c.get("cost_model", "roofline") in ("roofline", "profiled"), "cost_model",
              c.get("cost_model"), "roofline, profiled")
     if c.get("cost_model") == "profiled":
         _require(bool(c.get("profile")), "profile", c.get("profile"), "a profile file path")
+        _require(Path(str(c["profile"])).is_file(), "profile", c["profile"], "an existing profile file "
+                 "(python -m harness.perf.calibrate writes one)")
     par = {}
     roles = {r.value: r for r in Role}
+    _require(isinstance(c["parallelism"], Mapping), "parallelism", c["parallelism"],
+             "a mapping of role -> {tp, dp, ep}")
     for role_name, p in dict(c["parallelism"]).items():
         _require(role_name in roles, f"parallelism.{role_name}", role_name, ", ".join(roles))
+        _require(isinstance(p, Mapping), f"parallelism.{role_name}", p, "a mapping with keys tp, dp, ep")
         p = dict(p)
         for key in p:
             _require(key in ("tp", "dp", "ep"), f"parallelism.{role_name}.{key}", p[key], "tp, dp, ep")
-        pp = Parallelism(tp=int(p.get("tp", 1)), dp=int(p.get("dp", 1)), ep=bool(p.get("ep", False)))
+        for key in ("tp", "dp"):
+            _require(is_int(p.get(key, 1)), f"parallelism.{role_name}.{key}", p.get(key), "an integer >= 1")
+        _require(isinstance(p.get("ep", False), bool), f"parallelism.{role_name}.ep", p.get("ep"), "true, false")
+        pp = Parallelism(tp=p.get("tp", 1), dp=p.get("dp", 1), ep=p.get("ep", False))
         _require(pp.tp >= 1 and pp.dp >= 1, f"parallelism.{role_name}", p, "tp >= 1 and dp >= 1")
         _require(pp.gpus == c["gpus_per_engine"], f"parallelism.{role_name}", p,
                  f"tp*dp == gpus_per_engine ({c['gpus_per_engine']})")
@@ -113,8 +146,13 @@ def cluster_from_config(c: dict) -> ClusterConfig:
     for r in Role:
         _require(r in par, f"parallelism.{r.value}", None, "a {tp, dp, ep} entry for every role")
     perf = dict(perf_defaults())
+    _require(isinstance(c.get("perf") or {}, Mapping), "perf", c.get("perf"), "a mapping of cost-model constants")
     for key, v in dict(c.get("perf") or {}).items():
         _require(key in perf, f"perf.{key}", v, ", ".join(perf))
+        if key in _EFFICIENCIES:
+            _require(is_number(v) and v > 0, f"perf.{key}", v, "a number > 0")
+        else:
+            _require(is_number(v) and v >= 0, f"perf.{key}", v, "a number >= 0")
         perf[key] = v
     return ClusterConfig(
         name=c["name"], gpu=gpu, model=model, num_engines=c["num_engines"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -21,17 +22,19 @@ import traceback
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from baselines.oracle_pd import HoldRoles, OraclePD
 from harness.api import Role, RunInfo
-from harness.cluster import ClusterConfig, cluster_from_config
+from harness.cluster import ClusterConfig, cluster_from_config, is_int, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
 from harness.routing import PrefixTracker
@@ -134,11 +137,15 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     out.mkdir(parents=True, exist_ok=True)
     (out / ERROR).unlink(missing_ok=True)   # a new attempt replaces an old failure
     # Everything is validated before anything is simulated or logged.
+    check_top_level(cfg)
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    mode = mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))
     logger_cfg = logger_config(OmegaConf.to_container(cfg.logger, resolve=True))
-    workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = instantiate(cfg.policy)
+    workload = instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
+    policy = instantiate_checked(cfg.policy, "policy")
+    interval = getattr(policy, "control_interval_s", None)   # the driver ticks the policy at this interval
+    if interval is not None and not (is_number(interval) and interval > 0):
+        raise ValueError(f"policy.control_interval_s={interval!r} is invalid; allowed: a number > 0")
     oracle = isinstance(policy, OraclePD)   # the named exception: it simulates the future
     if oracle and cfg.backend.name == "sim":
         policy.attach_simulator(partial(static_rollout_s, cfg, cluster, mode))
@@ -183,6 +190,66 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     return summary
 
 
+# The keys of configs/config.yaml: an added top-level key (`+foo=1`) would be ignored, so it is rejected.
+TOP_LEVEL_KEYS = ("policy", "workload", "cluster", "mode", "backend", "logger", "seed", "sample_interval_s",
+                  "progress_interval_s")
+
+
+def check_top_level(cfg: DictConfig) -> None:
+    for key in cfg:
+        if key not in TOP_LEVEL_KEYS:
+            raise ValueError(f"{key}={cfg[key]!r} is invalid; allowed: one of {', '.join(TOP_LEVEL_KEYS)}")
+    if not (is_int(cfg.seed) and cfg.seed >= 0):
+        raise ValueError(f"seed={cfg.seed!r} is invalid; allowed: an integer >= 0")
+    if not (is_number(cfg.sample_interval_s) and cfg.sample_interval_s > 0):
+        raise ValueError(f"sample_interval_s={cfg.sample_interval_s!r} is invalid; allowed: a number > 0")
+    if not (is_number(cfg.progress_interval_s) and cfg.progress_interval_s >= 0):
+        raise ValueError(f"progress_interval_s={cfg.progress_interval_s!r} is invalid; allowed: a number >= 0 "
+                         "(0: a line every sample)")
+    names = ("sim", "vllm_cpu", "vllm", "sglang")
+    if cfg.backend.get("name") not in names:
+        raise ValueError(f"backend.name={cfg.backend.get('name')!r} is not available; allowed: {', '.join(names)}")
+    if cfg.backend.name == "sim" and not isinstance(cfg.backend.get("fast_forward"), bool):
+        raise ValueError(f"backend.fast_forward={cfg.backend.get('fast_forward')!r} is invalid; allowed: true, false")
+
+
+def mode_from_config(c: dict) -> ModeConfig:
+    known = {f.name for f in fields(ModeConfig)}
+    for key, value in c.items():
+        if key not in known:
+            raise ValueError(f"mode.{key}={value!r} is invalid; allowed: one of {', '.join(sorted(known))}")
+    for key, low in (("num_steps", 1), ("max_in_flight", 0), ("staleness", 0)):
+        if key in c and not is_int(c[key]):
+            raise ValueError(f"mode.{key}={c[key]!r} is invalid; allowed: an integer >= {low}")
+    return ModeConfig(**c)
+
+
+def instantiate_checked(node: DictConfig, group: str, **kwargs):
+    """hydra's instantiate, with a key the target does not take named like any other bad key (Hydra
+    would report a TypeError from inside the call)."""
+    target = node.get("_target_")
+    if target is None:
+        raise ValueError(f"{group}._target_=None is invalid; allowed: a class path (configs/{group}/*.yaml)")
+    try:
+        params = inspect.signature(get_class(target)).parameters
+    except Exception as exc:   # an unknown class path: Hydra's message names it
+        raise ValueError(f"{group}._target_={target!r} is invalid; allowed: an importable class ({exc})") from None
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for key in node:
+            if not key.startswith("_") and key not in allowed:
+                value = OmegaConf.to_container(node)[key]
+                raise ValueError(f"{group}.{key}={value!r} is invalid; allowed: one of {', '.join(allowed)}"
+                                 if allowed else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
+    return instantiate(node, **kwargs)
+
+
+def is_config_error(exc: BaseException) -> bool:
+    """A bad key or value (one line naming it is the whole story) rather than a fault in the code (whose
+    traceback is printed): validation errors, Hydra's wrapping of them, OmegaConf's missing keys."""
+    return any(isinstance(e, (ValueError, OmegaConfBaseException)) for e in (exc, exc.__cause__))
+
+
 def clip_timeline(rows: list[dict], end: float) -> list[dict]:
     """The engine timeline covers the rollout: the sampler's (or a control) tick after the last
     trajectory ends moves the clock past the end, and that idle tail is not part of the rollout."""
@@ -201,6 +268,12 @@ def error_message(exc: BaseException) -> str:
     while instantiating a `_target_` in an InstantiationException, so the cause is shown instead."""
     if isinstance(exc, InstantiationException) and exc.__cause__ is not None:
         exc = exc.__cause__
+    if isinstance(exc, MissingMandatoryValue) and getattr(exc, "full_key", None):
+        return f"{exc.full_key}=??? is invalid; allowed: a value (the key is required: {exc.full_key}=...)"
+    if isinstance(exc, OmegaConfBaseException):   # its text ends with the key on a line of its own
+        text = str(exc).splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+        key = getattr(exc, "full_key", None)
+        return f"{text} (key: {key})" if key and key not in text else text
     text = str(exc).strip().replace("\n", " ")
     return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
 

@@ -1,0 +1,249 @@
+"""Bad input through the command line: every config group and trace files. Each case stops the run before
+anything is simulated, with a message naming the key (`key=value is invalid; allowed: ...`, or
+`file:line: field '...'` for a trace line), no traceback, and no result written (no summary.json, no parquet).
+
+The cases run run.py as `__main__` with their arguments (the code path of `python run.py ...`), all in one
+child Python process so the interpreter starts once; a few also run as a process of their own.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=none",
+         "progress_interval_s=0"]
+
+# (case id, overrides after SMALL, what the message must hold: the key, and the value where it has one)
+CONFIG_CASES = [
+    ("num_engines_float", ["cluster.num_engines=2.5"], "cluster.num_engines=2.5 is invalid; allowed: an integer >= 1"),
+    ("num_engines_bool", ["cluster.num_engines=true"], "cluster.num_engines=True is invalid; allowed: an integer >= 1"),
+    ("gpus_per_engine", ["cluster.gpus_per_engine=0"], "cluster.gpus_per_engine=0 is invalid; allowed: an integer >= 1"),
+    ("max_num_batched_tokens", ["cluster.max_num_batched_tokens=0"], "cluster.max_num_batched_tokens=0 is invalid"),
+    ("max_num_seqs", ["cluster.max_num_seqs=-1"], "cluster.max_num_seqs=-1 is invalid; allowed: an integer >= 1"),
+    ("memory_fraction_text", ["cluster.memory_fraction=high"], "cluster.memory_fraction='high' is invalid; allowed: (0, 1]"),
+    ("activation_reserve", ["cluster.activation_reserve_bytes=-1"], "cluster.activation_reserve_bytes=-1 is invalid"),
+    ("kv_transfer_setup", ["cluster.kv_transfer_setup_s=-0.1"], "cluster.kv_transfer_setup_s=-0.1 is invalid"),
+    ("switch_time_text", ["cluster.switch_time_s=abc"], "cluster.switch_time_s='abc' is invalid; allowed: a number >= 0"),
+    ("reshard_switch_time", ["cluster.reshard_switch_time_s=-5"], "cluster.reshard_switch_time_s=-5 is invalid"),
+    ("engine", ["cluster.engine=trt"], "cluster.engine='trt' is invalid; allowed: vllm, sglang"),
+    ("switch_mechanism", ["cluster.switch_mechanism=teleport"],
+     "cluster.switch_mechanism='teleport' is invalid; allowed: kv_both, drain, reshard"),
+    ("chunked_prefill_size", ["cluster.chunked_prefill_size=0"], "cluster.chunked_prefill_size=0 is invalid"),
+    ("cuda_graph_max_bs", ["cluster.cuda_graph_max_bs=-1"], "cluster.cuda_graph_max_bs=-1 is invalid"),
+    ("enable_mixed_chunk", ["cluster.enable_mixed_chunk=maybe"], "cluster.enable_mixed_chunk='maybe' is invalid; allowed: true, false"),
+    ("flush_prefix_cache", ["cluster.flush_prefix_cache_on_weight_update=2"],
+     "cluster.flush_prefix_cache_on_weight_update=2 is invalid; allowed: true, false"),
+    ("reset_prefix_cache", ["cluster.reset_prefix_cache_on_switch=maybe"],
+     "cluster.reset_prefix_cache_on_switch='maybe' is invalid; allowed: true, false"),
+    ("router_update", ["cluster.router_update_s=-1"], "cluster.router_update_s=-1 is invalid; allowed: a number >= 0"),
+    ("cost_model", ["cluster.cost_model=magic"], "cluster.cost_model='magic' is invalid; allowed: roofline, profiled"),
+    ("profile_missing", ["cluster.cost_model=profiled"], "cluster.profile=None is invalid; allowed: a profile file path"),
+    ("profile_no_file", ["cluster.cost_model=profiled", "cluster.profile=/nonexistent/profile.json"],
+     "cluster.profile='/nonexistent/profile.json' is invalid; allowed: an existing profile file"),
+    ("parallelism_null", ["cluster.parallelism=null"], "cluster.parallelism=None is invalid; allowed: a mapping"),
+    ("parallelism_role_text", ["cluster.parallelism.prefill=abc"], "cluster.parallelism.prefill='abc' is invalid"),
+    ("parallelism_tp_text", ["cluster.parallelism.prefill.tp=abc"],
+     "cluster.parallelism.prefill.tp='abc' is invalid; allowed: an integer >= 1"),
+    ("parallelism_dp_zero", ["cluster.parallelism.decode.dp=0"], "cluster.parallelism.decode={'tp': 4, 'dp': 0, 'ep': False} is invalid"),
+    ("parallelism_ep_int", ["cluster.parallelism.decode.ep=1"], "cluster.parallelism.decode.ep=1 is invalid; allowed: true, false"),
+    ("parallelism_unknown", ["+cluster.parallelism.prefill.pp=2"], "cluster.parallelism.prefill.pp=2 is invalid; allowed: tp, dp, ep"),
+    ("perf_unknown", ["+cluster.perf.magic=1"], "cluster.perf.magic=1 is invalid; allowed: gemm_mfu"),
+    ("perf_negative", ["+cluster.perf.gemm_mfu=-1"], "cluster.perf.gemm_mfu=-1 is invalid; allowed: a number > 0"),
+    ("perf_text", ["+cluster.perf.overhead_per_step_s=abc"], "cluster.perf.overhead_per_step_s='abc' is invalid"),
+    ("cluster_name_null", ["cluster.name=null"], "cluster.name=None is invalid; allowed: a non-empty string"),
+    ("cluster_key_deleted", ["~cluster.gpu"], "cluster.gpu=None is invalid; allowed: a value (the key is required)"),
+    ("one_engine_split", ["cluster.num_engines=1", "policy=fixed_pd"], "policy.num_prefill=2 is invalid"),
+    ("num_steps_float", ["mode.num_steps=1.5"], "mode.num_steps=1.5 is invalid; allowed: an integer >= 1"),
+    ("num_steps_text", ["mode.num_steps=abc"], "mode.num_steps='abc' is invalid; allowed: an integer >= 1"),
+    ("num_steps_list", ["mode.num_steps=[1,2]"], "mode.num_steps=[1, 2] is invalid"),
+    ("mode_name", ["mode.name=semi"], "mode.name='semi' is invalid; allowed: sync, async"),
+    ("max_in_flight_zero", ["mode=async", "mode.max_in_flight=0"], "mode.max_in_flight=0, mode.staleness=1 are invalid"),
+    ("max_in_flight_text", ["mode=async", "mode.max_in_flight=abc"], "mode.max_in_flight='abc' is invalid"),
+    ("staleness", ["mode=async", "mode.staleness=-1"], "mode.staleness=-1 are invalid; allowed: max_in_flight >= 1, staleness >= 0"),
+    ("mode_unknown_key", ["+mode.foo=1"], "mode.foo=1 is invalid; allowed: one of max_in_flight, name, num_steps, staleness"),
+    ("batch_size_float", ["workload.batch_size=1.5"], "workload.batch_size=1.5 is invalid; allowed: an integer >= 1"),
+    ("group_size_zero", ["workload.group_size=0"], "workload.group_size=0 is invalid; allowed: an integer >= 1"),
+    ("turns_median_text", ["workload.turns_median=abc"], "workload.turns_median='abc' is invalid; allowed: a number > 0"),
+    ("max_turns", ["workload.max_turns=0"], "workload.max_turns=0 is invalid; allowed: an integer >= 1"),
+    ("prompt_median", ["workload.prompt_median=-1"], "workload.prompt_median=-1 is invalid; allowed: a number > 0"),
+    ("output_sigma", ["workload.output_sigma=-1"], "workload.output_sigma=-1 is invalid; allowed: a number >= 0"),
+    ("context_cap", ["workload.context_cap=0"], "workload.context_cap=0 is invalid; allowed: an integer >= 1"),
+    ("max_output_tokens", ["workload.max_output_tokens=0"], "workload.max_output_tokens=0 is invalid"),
+    ("drift_text", ["workload.drift_per_step=abc"], "workload.drift_per_step='abc' is invalid; allowed: a number > -1"),
+    ("workload_unknown_key", ["+workload.foo=1"], "workload.foo=1 is invalid; allowed: one of name, family, seed"),
+    ("group_corr", ["workload=swe", "workload.group_corr=2"], "workload.group_corr=2 is invalid; allowed: 0 <= rho <= 1"),
+    ("num_prefill_text", ["policy=fixed_pd", "policy.num_prefill=abc"], "policy.num_prefill='abc' is invalid"),
+    ("ppd_num_prefill", ["policy=ppd", "policy.num_prefill=9"], "policy.num_prefill=9 is invalid; allowed: an integer in [1, 7]"),
+    ("reactive_kv_high", ["policy=reactive_pd", "policy.decode_kv_high=1.5"], "policy.decode_kv_high=1.5 are invalid"),
+    ("reactive_queue", ["policy=reactive_pd", "policy.prefill_queue_low=99999999"],
+     "policy.prefill_queue_low must be <= policy.prefill_queue_high"),
+    ("reactive_interval", ["policy=reactive_pd", "policy.control_interval_s=0"],
+     "policy.control_interval_s=0 is invalid; allowed: a number > 0"),
+    ("prorsa_bins", ["policy=prorsa", "policy.bins=0"], "policy.bins=0 is invalid; allowed: an integer >= 1"),
+    ("prorsa_initial", ["policy=prorsa", "policy.initial=foo"], "policy.initial='foo' is invalid; allowed: plan, colocated"),
+    ("pearl_fit_points", ["policy=pearl", "policy.min_fit_points=0"], "policy.min_fit_points=0 is invalid"),
+    ("oracle_interval", ["policy=oracle_pd", "policy.decision_interval_s=0"], "policy.decision_interval_s=0 is invalid"),
+    ("policy_unknown_key", ["+policy.foo=1"], "policy.foo=1 is invalid; baselines.colocate.Colocate takes no keys"),
+    ("prorsa_unknown_key", ["policy=prorsa", "+policy.horizon=5"], "policy.horizon=5 is invalid; allowed: one of"),
+    ("seed_negative", ["seed=-1"], "seed=-1 is invalid; allowed: an integer >= 0"),
+    ("seed_text", ["seed=abc"], "seed='abc' is invalid; allowed: an integer >= 0"),
+    ("seed_float", ["seed=1.5"], "seed=1.5 is invalid; allowed: an integer >= 0"),
+    ("sample_interval_zero", ["sample_interval_s=0"], "sample_interval_s=0 is invalid; allowed: a number > 0"),
+    ("sample_interval_text", ["sample_interval_s=abc"], "sample_interval_s='abc' is invalid; allowed: a number > 0"),
+    ("progress_interval", ["progress_interval_s=-1"], "progress_interval_s=-1 is invalid; allowed: a number >= 0"),
+    ("added_top_level_key", ["+foo=1"], "foo=1 is invalid; allowed: one of policy, workload, cluster"),
+    ("backend_name", ["backend.name=foo"], "backend.name='foo' is not available; allowed: sim, vllm_cpu, vllm, sglang"),
+    ("fast_forward", ["backend.fast_forward=maybe"], "backend.fast_forward='maybe' is invalid; allowed: true, false"),
+    ("logger_name", ["logger.name=foo"], "logger.name='foo' is invalid; allowed: none, wandb"),
+    ("logger_rows", ["logger=wandb", "logger.max_table_rows=-1"], "logger.max_table_rows=-1 is invalid; allowed: an integer >= 0"),
+    ("logger_tags", ["logger=wandb", "logger.tags=notalist"], "logger.tags='notalist' is invalid; allowed: a list of strings"),
+    ("logger_unknown_key", ["logger=wandb", "+logger.foo=1"], "logger.foo=1 is invalid; allowed: one of"),
+    # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
+    ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
+    ("unknown_top_level", ["foo=1"], "Key 'foo' is not in struct"),
+    ("unknown_option", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
+    ("wrong_type_merge", ["workload=mix", "workload.components=[]"], "Error merging override workload.components=[]"),
+]
+
+GOOD = {"group": 0, "family": "swe", "turns": [
+    {"new_tokens": 100, "output_tokens": 20, "tool_latency_s": 1.5, "tool_output_tokens": 30},
+    {"new_tokens": 30, "output_tokens": 10, "tool_latency_s": 0.0, "tool_output_tokens": 0}]}
+
+
+def turn0(**fields) -> dict:
+    return {**GOOD, "group": 1, "turns": [{**GOOD["turns"][0], **fields}, GOOD["turns"][1]]}
+
+
+# (case id, lines after a good first line (text, or an object written as JSON), expected after "FILE")
+TRACE_CASES = [
+    ("truncated_line", ['{"group": 1, "family": "swe", "turns": [{"new_tok'], ":2: not valid JSON"),
+    ("array_line", [[1, 2]], ":2: expected a JSON object, got list"),
+    ("turns_text", [{**GOOD, "group": 1, "turns": "many"}], ":2: field 'turns': expected a non-empty list"),
+    ("turn_number", [{**GOOD, "group": 1, "turns": [7]}], ":2: field 'turns[0]': expected an object"),
+    ("family_number", [{**GOOD, "group": 1, "family": 3}], ":2: field 'family': expected a string"),
+    ("max_output_zero", [{**GOOD, "group": 1, "max_output_tokens": 0}], ":2: field 'max_output_tokens'"),
+    ("latency_nan", [turn0(tool_latency_s=math.nan)], ":2: field 'turns[0].tool_latency_s'"),
+    ("latency_infinite", [turn0(tool_latency_s=math.inf)], ":2: field 'turns[0].tool_latency_s'"),
+    ("new_tokens_float", [turn0(new_tokens=1e3)], ":2: field 'turns[0].new_tokens'"),
+    ("first_prompt_empty", [turn0(new_tokens=0)], ":2: field 'turns[0].new_tokens'"),
+    ("misspelt_line_key", [{**GOOD, "group": 1, "turn": []}], ":2: field 'turn': unknown"),
+    ("unequal_groups", ["", {**GOOD, "group": 1}, {**GOOD, "group": 1}], ":3: field 'group': group 1 has 2"),
+]
+# Whole-file problems, named by the file.
+TRACE_FILE_CASES = [
+    ("empty_file", lambda d: (d / "empty.jsonl", "\n\n"), ": no trajectories"),
+    ("missing_file", lambda d: (d / "missing.jsonl", None), ": no such trace file"),
+    ("directory", lambda d: (d, None), ": no such trace file"),
+]
+
+RUNNER = r"""
+import contextlib, io, json, os, runpy, sys
+from pathlib import Path
+os.environ.setdefault("WANDB_MODE", "offline")
+cases_file, results_file = Path(sys.argv[1]), Path(sys.argv[2])
+cases, results = json.loads(cases_file.read_text()), {}
+for case in cases:
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = ["run.py", *case["argv"]]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path("run.py", run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+        except BaseException as e:   # escaped run.py altogether: reported as such
+            import traceback
+            err.write("Traceback (escaped run.py)\n" + traceback.format_exc())
+            code = "escaped"
+    run_dir = Path(case["run_dir"])
+    files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) if run_dir.is_dir() else []
+    results[case["id"]] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "files": files}
+results_file.write_text(json.dumps(results))
+"""
+
+
+def write_trace(path: Path, lines: list) -> None:
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in [GOOD, *lines]))
+
+
+def trace_args(path: Path) -> list[str]:
+    return ["workload=trace", f"workload.path={path}", "mode.num_steps=1", "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """Every case run once through run.py; case id -> exit code, stdout, stderr, files in its run directory."""
+    base = tmp_path_factory.mktemp("bad_input")
+    cases, expected = [], {}
+    for cid, overrides, message in CONFIG_CASES:
+        cases.append({"id": cid, "argv": [f"hydra.run.dir={base / cid}", *SMALL, *overrides]})
+        expected[cid] = message
+    traces = base / "traces"
+    traces.mkdir()
+    for cid, lines, tail in TRACE_CASES:
+        write_trace(traces / f"{cid}.jsonl", lines)
+        cases.append({"id": cid, "argv": [f"hydra.run.dir={base / cid}", *trace_args(traces / f"{cid}.jsonl")]})
+        expected[cid] = f"{traces / cid}.jsonl{tail}"
+    for cid, make, tail in TRACE_FILE_CASES:
+        path, text = make(traces)
+        if text is not None:
+            path.write_text(text)
+        cases.append({"id": cid, "argv": [f"hydra.run.dir={base / cid}", *trace_args(path)]})
+        expected[cid] = f"{path}{tail}"
+    good = traces / "good.jsonl"
+    write_trace(good, [{**GOOD, "group": 1}])
+    cases.append({"id": "trace_batch_size", "argv": [f"hydra.run.dir={base / 'trace_batch_size'}", *trace_args(good),
+                                                     "workload.batch_size=0"]})
+    expected["trace_batch_size"] = "workload.batch_size=0 is invalid; allowed: an integer >= 1 or null"
+    cases.append({"id": "trace_without_path", "argv": [f"hydra.run.dir={base / 'trace_without_path'}",
+                                                       "workload=trace", "mode.num_steps=1", "logger=none"]})
+    expected["trace_without_path"] = "workload.path=??? is invalid; allowed: a value (the key is required"
+    for case in cases:
+        case["run_dir"] = str(base / case["id"])
+    (base / "cases.json").write_text(json.dumps(cases))
+    subprocess.run([sys.executable, "-c", RUNNER, str(base / "cases.json"), str(base / "results.json")], cwd=ROOT,
+                   check=True, timeout=600)
+    results = json.loads((base / "results.json").read_text())
+    return {cid: {**r, "expected": expected[cid]} for cid, r in results.items()}
+
+
+ALL_IDS = ([c[0] for c in CONFIG_CASES] + [c[0] for c in TRACE_CASES] + [c[0] for c in TRACE_FILE_CASES]
+           + ["trace_batch_size", "trace_without_path"])
+
+
+def test_enough_distinct_cases():
+    assert len(ALL_IDS) == len(set(ALL_IDS)) >= 50
+
+
+@pytest.mark.parametrize("cid", ALL_IDS)
+def test_rejected_with_the_key_named_no_traceback_nothing_written(cli, cid):
+    r = cli[cid]
+    shown = r["stdout"] + r["stderr"]
+    assert r["code"] == 1, shown[-3000:]
+    assert r["expected"] in r["stderr"], r["stderr"][-3000:]
+    assert "Traceback" not in shown, shown[-3000:]
+    written = [f for f in r["files"] if f.endswith((".parquet", "summary.json")) or f.startswith("wandb")]
+    assert not written, written
+
+
+@pytest.mark.parametrize("cid", ["memory_fraction_text", "seed_text", "latency_nan", "unknown_key"])
+def test_same_as_a_process_of_its_own(tmp_path, cid):
+    """`python run.py ...` as its own process says what the batch runner saw."""
+    argv = {c[0]: c[1] for c in CONFIG_CASES}.get(cid)
+    if argv is None:
+        write_trace(tmp_path / f"{cid}.jsonl", {c[0]: c[1] for c in TRACE_CASES}[cid])
+        args = trace_args(tmp_path / f"{cid}.jsonl")
+        expected = f"{tmp_path / cid}.jsonl:2: field 'turns[0].tool_latency_s'"
+    else:
+        args = [*SMALL, *argv]
+        expected = {c[0]: c[2] for c in CONFIG_CASES}[cid]
+    res = subprocess.run([sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'run'}", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and expected in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert not list((tmp_path / "run").glob("*.parquet")) and not (tmp_path / "run" / "summary.json").exists()

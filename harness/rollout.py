@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 
-from harness.api import Backend, ClusterView, EventKind, LifecycleEvent, Policy, Role, Route, TurnRequest
+from harness.api import Backend, ClusterView, EngineState, EventKind, LifecycleEvent, Policy, Role, Route, TurnRequest
 from harness.trajectory import TrajectoryScript, TurnRecord, validate_script
 from workloads.base import Workload
 
@@ -50,18 +50,29 @@ class RolloutResult:
 
 def check_route(route: Route, view: ClusterView, request: TurnRequest) -> None:
     """A route must name available engines whose roles serve its legs."""
-    engines = {e.engine_id: e for e in view.engines}
-    p, d = engines.get(route.prefill_engine), engines.get(route.decode_engine)
-    where = f"route {route} for trajectory {request.trajectory_id} turn {request.turn}"
+    p, d = _engine(view, route.prefill_engine), _engine(view, route.decode_engine)
     if p is None or d is None:
-        raise ValueError(f"{where}: no such engine")
+        raise ValueError(f"{_where(route, request)}: no such engine")
     if not (p.available and d.available):
-        raise ValueError(f"{where}: engine not available (switching roles or failed)")
+        raise ValueError(f"{_where(route, request)}: engine not available (switching roles or failed)")
     if route.disaggregated:
         if p.role == Role.DECODE or d.role == Role.PREFILL:
-            raise ValueError(f"{where}: prefill on a {p.role.value} engine, decode on a {d.role.value} engine")
+            raise ValueError(f"{_where(route, request)}: prefill on a {p.role.value} engine, "
+                             f"decode on a {d.role.value} engine")
     elif p.role == Role.PREFILL:
-        raise ValueError(f"{where}: a prefill engine cannot decode")
+        raise ValueError(f"{_where(route, request)}: a prefill engine cannot decode")
+
+
+def _where(route: Route, request: TurnRequest) -> str:
+    return f"route {route} for trajectory {request.trajectory_id} turn {request.turn}"
+
+
+def _engine(view: ClusterView, engine_id: int) -> EngineState | None:
+    """The engine's state; views list engines by id, so this is one lookup, not a scan of the cluster."""
+    engines = view.engines
+    if 0 <= engine_id < len(engines) and engines[engine_id].engine_id == engine_id:
+        return engines[engine_id]
+    return next((e for e in engines if e.engine_id == engine_id), None)
 
 
 class RolloutDriver:

@@ -36,10 +36,43 @@ def decode_load(e: EngineState) -> tuple:
             e.running_requests + e.waiting_requests + e.inbound_requests, e.engine_id)
 
 
+class EngineList(list):
+    """A `with_role` answer from a backend that indexes its engines (the simulator): a list of
+    EngineState that can also say where an engine is in it and which is least loaded without a scan,
+    so routing on a large cluster does not cost O(engines). Any change to the list drops the index."""
+
+    def __init__(self, engines=(), lookup=None, gen: int = 0) -> None:
+        super().__init__(engines)
+        self.lookup = lookup    # position(engine_id) -> int | None; least(load, gen) -> EngineState | None
+        self.gen = gen
+
+
+def _dropping_index(name: str):
+    method = getattr(list, name)
+
+    def changed(self, *args, **kwargs):
+        self.lookup = None
+        return method(self, *args, **kwargs)
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+              "remove", "clear", "sort", "reverse"):
+    setattr(EngineList, _name, _dropping_index(_name))
+
+
 def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineState | None:
     """The preferred engine if it is a candidate (it holds the prefix), else the least loaded."""
     if not candidates:
         return None
+    lookup = candidates.lookup if type(candidates) is EngineList else None
+    if lookup is not None:   # the same answer as the scans below, from the backend's index
+        i = lookup.position(preferred)
+        if i is not None:
+            return candidates[i]
+        best = lookup.least(load, candidates.gen)
+        return best if best is not None else min(candidates, key=load)
     for e in candidates:
         if e.engine_id == preferred:
             return e

@@ -10,6 +10,7 @@ forward without touching the original.
 """
 from __future__ import annotations
 
+import heapq
 import io
 import pickle
 from functools import partial
@@ -18,6 +19,7 @@ from typing import Callable
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig, parallel_cost_model
 from harness.perf.roofline import Parallelism
+from harness.routing import EngineList, decode_load, prefill_load
 from harness.sim.clock import EventLoop
 from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
 from harness.timeline import RoleTimeline
@@ -34,6 +36,12 @@ class SimBackend:
         self.cluster = cluster
         self.gpu = cluster.gpu
         self.loop = EventLoop()
+        # The view is kept, not rebuilt: an engine whose observable state changed marks itself stale
+        # and only those are re-read (a routing call would otherwise cost O(engines * ranks)).
+        self._stale: list[SimEngine] = []
+        self._states: list[EngineState | None] = [None] * cluster.num_engines
+        self._gen = 0                                   # bumped whenever a state is re-read
+        self._roles: dict[Role, _RoleIndex] | None = None   # available engines per role, by id
         self._cost_models: dict[Parallelism, object] = {}
         sglang = cluster.engine == "sglang"
         cfg = EngineConfig(prefill_budget=cluster.prefill_budget,
@@ -73,6 +81,7 @@ class SimBackend:
 
     def submit(self, request: TurnRequest, route: Route) -> None:
         if route.disaggregated:
+            self.mark_stale(self.engines[route.decode_engine])
             self._inbound[route.decode_engine] += 1
             self._inbound_tokens[route.decode_engine] += request.prompt_tokens
             leg = SimRequest(request, route, PREFILL, target=request.prompt_tokens)
@@ -86,6 +95,7 @@ class SimBackend:
             return
         e.target_role = role
         e.available = False
+        self.mark_stale(e)
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_START, self.loop.now, engine_id=engine_id,
                                       detail=f"{e.role.value}->{role.value}"))
         if self.cluster.switch_mechanism == "kv_both":
@@ -97,29 +107,62 @@ class SimBackend:
         self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         for leg in e.take_waiting():
             if leg.route.disaggregated:
+                self.mark_stale(self.engines[leg.route.decode_engine])
                 self._inbound[leg.route.decode_engine] -= 1
                 self._inbound_tokens[leg.route.decode_engine] -= leg.request.prompt_tokens
             self._on_returned(leg.request)
         self._maybe_switch(e)
 
     def view(self) -> ClusterView:
-        states = []
-        for e in self.engines:
-            waiting = pending = running = decoding = used = queued = 0
-            for r in e.ranks:
-                waiting += len(r.waiting)
-                pending += r.pending_prefill
-                running += len(r.running)
-                decoding += r.decode_n
-                used += r.kv_used
-                queued += r.waiting_kv
-            states.append(EngineState(
-                engine_id=e.id, role=e.role, available=e.available, gpus=self.cluster.gpus_per_engine,
-                waiting_requests=waiting, waiting_prefill_tokens=pending, running_requests=running,
-                decoding_requests=decoding, kv_used_tokens=used, kv_capacity_tokens=e.kv_capacity_tokens,
-                target_role=e.target_role, queued_kv_tokens=queued + self._inbound_tokens[e.id],
-                inbound_requests=self._inbound[e.id]))
-        return ClusterView(now=self.loop.now, engines=states)
+        if self._stale:
+            self._refresh()
+        view = _SimView(now=self.loop.now, engines=list(self._states))
+        view._backend, view._gen = self, self._gen
+        return view
+
+    def _engine_state(self, e: SimEngine) -> EngineState:
+        waiting = pending = running = decoding = used = queued = 0
+        for r in e.ranks:
+            waiting += len(r.waiting)
+            pending += r.pending_prefill
+            running += len(r.running)
+            decoding += r.decode_n
+            used += r.kv_used
+            queued += r.waiting_kv
+        return EngineState(
+            engine_id=e.id, role=e.role, available=e.available, gpus=self.cluster.gpus_per_engine,
+            waiting_requests=waiting, waiting_prefill_tokens=pending, running_requests=running,
+            decoding_requests=decoding, kv_used_tokens=used, kv_capacity_tokens=e.kv_capacity_tokens,
+            target_role=e.target_role, queued_kv_tokens=queued + self._inbound_tokens[e.id],
+            inbound_requests=self._inbound[e.id])
+
+    def _refresh(self) -> None:
+        states, roles = self._states, self._roles
+        for e in self._stale:
+            e.stale = False
+            old = states[e.id]
+            s = states[e.id] = self._engine_state(e)
+            if roles is None:
+                continue
+            if old.role is not s.role or old.available != s.available:
+                roles = None   # membership changed (a role switch): rebuilt when next asked
+            elif s.available:
+                roles[s.role].replace(s)
+        self._stale.clear()
+        self._roles = roles
+        self._gen += 1
+
+    def _role_index(self, role: Role) -> _RoleIndex:
+        if self._roles is None:
+            self._roles = {r: _RoleIndex(self, r, [s for s in self._states if s.available and s.role == r])
+                           for r in Role}
+        return self._roles[role]
+
+    def mark_stale(self, e: SimEngine) -> None:
+        """Something `view()` reports of engine `e` changed."""
+        if not e.stale:
+            e.stale = True
+            self._stale.append(e)
 
     def run(self) -> None:
         self.loop.run()
@@ -185,6 +228,7 @@ class SimBackend:
         e.target_role = None
         e.available = True
         e.switching = False
+        self.mark_stale(e)
         self.timeline.enter(e.id, self.loop.now, e.role, "serving")
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
                                       detail=f"{old.value}->{role.value}"))
@@ -207,6 +251,63 @@ class SimBackend:
             self.loop.restore(heap)
         buf.seek(0)
         return _Unpickler(buf, replace).load()
+
+
+class _SimView(ClusterView):
+    """A view whose `with_role` answers from the backend's role index while the view is current."""
+
+    _backend: SimBackend | None = None
+    _gen = -1
+
+    def with_role(self, role: Role) -> list[EngineState]:
+        b = self._backend
+        if b is None or b._gen != self._gen:
+            return super().with_role(role)
+        index = b._role_index(role)
+        return EngineList(index.engines, index, self._gen)
+
+
+class _RoleIndex:
+    """The available engines of one role, in id order: where each one is, and (built on first use)
+    a heap per load function, so the least loaded engine is found in O(log engines)."""
+
+    LOADS = (decode_load, prefill_load)   # keys that end with the engine id: no two engines tie
+
+    def __init__(self, backend: SimBackend, role: Role, engines: list[EngineState]):
+        self.backend, self.role = backend, role
+        self.engines = engines
+        self.positions = {s.engine_id: i for i, s in enumerate(engines)}
+        self.heaps: dict = {}            # load -> [heap of (key, n, state), ids re-read since]
+        self.pushed = 0
+
+    def position(self, engine_id: int | None) -> int | None:
+        return self.positions.get(engine_id)
+
+    def replace(self, s: EngineState) -> None:
+        self.engines[self.positions[s.engine_id]] = s
+        for h in self.heaps.values():
+            h[1].add(s.engine_id)
+
+    def least(self, load, gen: int) -> EngineState | None:
+        """The engine `min(engines, key=load)` gives, or None when this index cannot tell."""
+        b = self.backend
+        if gen != b._gen or b._roles is None or b._roles.get(self.role) is not self \
+                or not any(load is f for f in self.LOADS):
+            return None
+        states = b._states
+        h = self.heaps.get(load)
+        if h is None or len(h[1]) > len(self.engines) // 2 or len(h[0]) > 4 * len(self.engines):
+            heap = [(load(s), 0, s) for s in self.engines]
+            heapq.heapify(heap)
+            h = self.heaps[load] = [heap, set()]
+        heap, pending = h
+        for i in pending:   # the key tie-breaks an engine's entries; keys of two engines never tie
+            self.pushed += 1
+            heapq.heappush(heap, (load(states[i]), self.pushed, states[i]))
+        pending.clear()
+        while states[heap[0][2].engine_id] is not heap[0][2]:
+            heapq.heappop(heap)     # an entry for a state since re-read
+        return heap[0][2]
 
 
 class _Pickler(pickle.Pickler):

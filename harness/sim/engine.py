@@ -125,6 +125,7 @@ class SimEngine:
         self._span_start = 0.0
         self._pending_wake = False
         self.busy_s = 0.0
+        self.stale = False           # backend.view() must re-read this engine
         self.configure(role, par)
 
     # --- configuration ------------------------------------------------------------------------
@@ -138,6 +139,7 @@ class SimEngine:
                              f"on a {self.backend.gpu.name} rank (tp={self.par.tp}, dp={self.par.dp}, "
                              f"ep={self.par.ep}); use more GPUs per engine or a larger GPU")
         self.ranks = [Rank(capacity=cap) for _ in range(self.par.dp)]
+        self.backend.mark_stale(self)
 
     def clear_prefix_cache(self) -> None:
         for r in self.ranks:
@@ -167,6 +169,7 @@ class SimEngine:
                 f"{self.id} ({self.role.value}) holds {self.ranks[best].capacity}; lower the workload's "
                 "context cap or give the engines more memory")
         rank = self.ranks[best]
+        self.backend.mark_stale(self)
         rank.waiting.append(s)
         rank.waiting_kv += need
         if s.kind != DECODE:
@@ -190,6 +193,7 @@ class SimEngine:
     def take_waiting(self) -> list[SimRequest]:
         """Hand back the legs not yet admitted that a router may send elsewhere (role switch)."""
         out = []
+        self.backend.mark_stale(self)
         for r in self.ranks:
             keep = deque()
             for s in r.waiting:
@@ -306,6 +310,7 @@ class SimEngine:
         self._pending_wake = False
         if self._busy:
             return
+        self.backend.mark_stale(self)
         loop = self.backend.loop
         decoding = []                       # per rank: does it decode in this step
         for r in self.ranks:
@@ -409,6 +414,7 @@ class SimEngine:
     def _end_span(self, version: int) -> None:
         if version != self._version:
             return
+        self.backend.mark_stale(self)
         steps = len(self._span)
         self.busy_s += float(self._span[-1]) - self._span_start
         self._span = None
@@ -426,6 +432,7 @@ class SimEngine:
     def _end_step(self, version: int, chunks: list, decoding: list[bool]) -> None:
         if version != self._version:
             return
+        self.backend.mark_stale(self)
         emit = self.backend.emit
         for r, rank_chunks, decoded in zip(self.ranks, chunks, decoding):
             if r.decode_n and decoded:

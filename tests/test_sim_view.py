@@ -1,0 +1,89 @@
+"""The simulator keeps its cluster view up to date incrementally (only engines that changed are
+re-read) and indexes engines per role for routing. Checked here against a view rebuilt from every
+engine on every call, and against routing by plain scans, over runs with role switches, PD, SGLang
+semantics and preemptions."""
+from __future__ import annotations
+
+import pytest
+
+from harness.api import ClusterView, EngineState, Role
+from harness.routing import EngineList, decode_load, pick, prefill_load
+from harness.sim.backend import SimBackend
+from tests.conftest import SwitchAt, simulate
+from tests.test_sim_invariants import TIGHT
+
+
+def full_view(b: SimBackend) -> ClusterView:
+    """The cluster view read from every rank of every engine."""
+    states = []
+    for e in b.engines:
+        rs = e.ranks
+        states.append(EngineState(
+            engine_id=e.id, role=e.role, available=e.available, gpus=b.cluster.gpus_per_engine,
+            waiting_requests=sum(len(r.waiting) for r in rs), waiting_prefill_tokens=sum(r.pending_prefill for r in rs),
+            running_requests=sum(len(r.running) for r in rs), decoding_requests=sum(r.decode_n for r in rs),
+            kv_used_tokens=sum(r.kv_used for r in rs), kv_capacity_tokens=e.kv_capacity_tokens,
+            target_role=e.target_role, queued_kv_tokens=sum(r.waiting_kv for r in rs) + b._inbound_tokens[e.id],
+            inbound_requests=b._inbound[e.id]))
+    return ClusterView(now=b.loop.now, engines=states)
+
+
+def switching() -> SwitchAt:
+    """Colocated engines, then one prefill and one decode engine from t=3 s (with PD routing)."""
+    return SwitchAt([Role.COLOCATED] * 3, {0: Role.PREFILL, 1: Role.DECODE}, at_s=3.0, control_interval_s=1.0)
+
+
+CASES = {
+    "colocate-moe": (["policy=colocate", "cluster=moe_h200"], None),
+    "fixed_pd-moe": (["policy=fixed_pd", "cluster=moe_h200", "policy.num_prefill=3"], None),
+    "ppd-swe": (["policy=ppd", "workload=swe"], None),
+    "colocate-tight": (["policy=colocate", *TIGHT], None),
+    "fixed_pd-tight": (["policy=fixed_pd", "policy.num_prefill=1", *TIGHT], None),
+    "switch-reshard": (["cluster.num_engines=3", "cluster.switch_mechanism=reshard"], switching),
+    "switch-drain-sglang": (["cluster.num_engines=3", "cluster.switch_mechanism=drain", "cluster.engine=sglang"],
+                            switching),
+    "switch-kv_both-async": (["cluster.num_engines=3", "cluster.switch_mechanism=kv_both", "mode=async",
+                              "mode.max_in_flight=12"], switching),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kept_view_and_role_index_match_a_full_rebuild(small, case, monkeypatch):
+    extra, policy = CASES[case]
+    kept = SimBackend.view
+    checked = {"views": 0, "picks": 0}
+
+    def view(self):
+        v = kept(self)
+        assert v.engines == full_view(self).engines
+        for role in Role:
+            indexed = v.with_role(role)
+            plain = ClusterView.with_role(v, role)
+            assert type(indexed) is EngineList and indexed == plain
+            for preferred in (None, plain[0].engine_id if plain else None, plain[-1].engine_id if plain else None):
+                for load in (decode_load, prefill_load):
+                    assert pick(v.with_role(role), preferred, load) is pick(plain, preferred, load)
+                    checked["picks"] += 1
+        checked["views"] += 1
+        return v
+
+    monkeypatch.setattr(SimBackend, "view", view)
+    result, df, _ = simulate(small + extra, policy=policy() if policy else None)
+    assert checked["views"] > 20 and checked["picks"] > 0
+    assert result.num_role_switches == (2 if policy else 0)
+    assert "tight" not in case or df.preemptions.sum() > 0
+
+
+def test_an_engine_list_changed_by_its_caller_is_scanned(small):
+    _, _, backend = simulate(small + ["policy=colocate", "mode.num_steps=1", "workload.batch_size=2"])
+    v = backend.view()
+    engines = v.with_role(Role.COLOCATED)
+    assert engines.lookup is not None
+    last = engines[-1]
+    engines.sort(key=lambda e: -e.engine_id)
+    assert engines.lookup is None
+    assert pick(engines, last.engine_id, decode_load) is last
+    stale = v.with_role(Role.COLOCATED)
+    backend.mark_stale(backend.engines[0])
+    backend.view()                 # a newer view: the older one answers from its own engines
+    assert pick(stale, None, decode_load) is min(stale, key=decode_load)

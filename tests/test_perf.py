@@ -72,3 +72,50 @@ def test_stage_specific_parallelism():
     dp_tokens = 8 * dp.kv_capacity_tokens(0.9, 2e9)
     tp_tokens = tp.kv_capacity_tokens(0.9, 2e9)
     assert dp_tokens > 1.5 * tp_tokens
+
+
+def _models():
+    """Roofline models in both regimes (memory- and compute-bound ranks, TP all-reduces) and a profiled one."""
+    from harness.perf.profiled import ProfiledCostModel
+    cat, gpus = model_catalogue(), gpu_catalogue()
+    out = [model("qwen3_30b_a3b", "h200", dp=4, ep=True), model("qwen3_30b_a3b", "h200", tp=4),
+           model("qwen3_32b", "h100", tp=4), model("qwen3_8b", "h100", tp=2, dp=2), model("qwen3_8b")]
+    k = {"prefill_base_s": 0.01, "prefill_s_per_token": 1e-5, "prefill_s_per_attn_ctx": 1e-9,
+         "decode_base_s": 0.02, "decode_s_per_seq": 3e-4, "decode_s_per_ctx": 2e-8}
+    out.append(ProfiledCostModel(k, cat["qwen3_8b"], gpus["h100"], PERF, Parallelism(dp=2)))
+    return out
+
+
+@pytest.mark.parametrize("m", _models(), ids=lambda m: f"{type(m).__name__}-tp{m.par.tp}-dp{m.par.dp}")
+def test_scalar_decode_times_are_bit_identical_to_the_vectorised_ones(m):
+    """The simulator's numpy-free decode step and fast-forward span give exactly the bits of
+    decode_step_times and its cumulative sum (what the engine used before)."""
+    rng = np.random.default_rng(0)
+    for case in range(400):
+        dp = m.par.dp
+        seqs = rng.integers(0, [3, 40, 300, 600][case % 4], dp)
+        if case % 5 == 0:
+            seqs[rng.integers(dp)] = 0          # an idle rank
+        ctx = seqs * rng.integers(1, [50, 4000, 60000, 200][case % 3], dp)   # short contexts: compute-bound
+        steps = int(rng.integers(1, [2, 30, 400][case % 3] + 1))
+        graph = bool(case % 2)
+        start = float(rng.uniform(0, 1000))
+        want = np.cumsum(np.concatenate(([start], m.decode_step_times(seqs, ctx, steps, graph))))[1:]
+        got = m.decode_span_ends(seqs.tolist(), ctx.tolist(), steps, graph, start)
+        assert got == want.tolist()
+        if seqs.any():
+            assert m.decode_step_time(seqs.tolist(), ctx.tolist(), graph) == m.decode_step_times(seqs, ctx, 1, graph)[0]
+
+
+def test_upper_envelope_is_the_most_context_at_every_step():
+    from harness.perf.roofline import _upper_envelope
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        k = int(rng.integers(1, 9))
+        seqs, ctx = rng.integers(0, 20, k).tolist(), rng.integers(0, 400, k).tolist()
+        steps = int(rng.integers(1, 80))
+        segs = _upper_envelope(seqs, ctx, steps)
+        assert segs[0][0] == 0 and segs[-1][1] == steps and all(a[1] == b[0] for a, b in zip(segs, segs[1:]))
+        for j0, j1, n, c0 in segs:
+            for j in range(j0, j1):
+                assert c0 + j * n == max(c + j * s for s, c in zip(seqs, ctx))

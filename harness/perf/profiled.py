@@ -53,3 +53,13 @@ class ProfiledCostModel(RooflineCostModel):
         c = ctx[None, :].astype(np.float64) + j * seqs[None, :]
         t = k["decode_base_s"] + k["decode_s_per_seq"] * seqs[None, :] + k["decode_s_per_ctx"] * c
         return t.max(axis=1)
+
+    def decode_step_time(self, seqs: list[int], ctx: list[int], graph: bool = True) -> float:
+        """`decode_step_times(seqs, ctx, 1)[0]` for lists of ints, without numpy (the same bits)."""
+        k = self.k
+        return max(k["decode_base_s"] + k["decode_s_per_seq"] * float(n) + k["decode_s_per_ctx"] * float(c)
+                   for n, c in zip(seqs, ctx))
+
+    def decode_span_ends(self, seqs: list[int], ctx: list[int], steps: int, graph: bool, start: float) -> list[float]:
+        times = self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
+        return np.cumsum(np.concatenate(([start], times)))[1:].tolist()

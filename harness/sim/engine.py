@@ -19,6 +19,7 @@ batch size; while nothing can change a decode-only batch, many steps are advance
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from functools import partial
@@ -121,7 +122,7 @@ class SimEngine:
         self._admit_counter = 0
         self._version = 0            # invalidates a scheduled step end when a span is cut short
         self._busy = False
-        self._span: np.ndarray | None = None
+        self._span: list[float] | None = None   # end time of each step of a fast-forward span
         self._span_start = 0.0
         self._pending_wake = False
         self.busy_s = 0.0
@@ -133,6 +134,9 @@ class SimEngine:
         """(Re)load the engine with parallelism `par` (launched for `role`): an empty KV cache."""
         self.par = par
         self.cost = self.backend.cost_model(par)
+        # numpy-free decode times where the cost model has them (the same bits; see roofline.py)
+        self._decode_step_time = getattr(self.cost, "decode_step_time", None)
+        self._decode_span_ends = getattr(self.cost, "decode_span_ends", None)
         cap = self.cost.kv_capacity_tokens(self.cfg.memory_fraction, self.cfg.activation_reserve_bytes)
         if cap <= 0:
             raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
@@ -180,11 +184,11 @@ class SimEngine:
         """Something changed: start a step now, or end a fast-forward span at its next step."""
         loop = self.backend.loop
         if self._span is not None:
-            i = int(np.searchsorted(self._span, loop.now, side="left"))
+            i = bisect_left(self._span, loop.now)
             if i < len(self._span) - 1:
                 self._span = self._span[: i + 1]
                 self._version += 1
-                loop.at(float(self._span[-1]), partial(self._end_span, self._version))
+                loop.at(self._span[-1], partial(self._end_span, self._version))
             return
         if not self._busy and not self._pending_wake:
             self._pending_wake = True
@@ -310,138 +314,173 @@ class SimEngine:
         self._pending_wake = False
         if self._busy:
             return
-        self.backend.mark_stale(self)
-        loop = self.backend.loop
+        if not self.stale:
+            self.backend.mark_stale(self)
+        cfg = self.cfg
+        prefill_first = cfg.prefill_first and not cfg.mixed_chunk
         decoding = []                       # per rank: does it decode in this step
         for r in self.ranks:
-            for s in r.ready:
-                # The first decode step re-feeds the last prompt token (its KV is recomputed on the
-                # decode side, as vLLM's connectors do), so the context grows from prompt - 1.
-                s.kv_held -= 1
-                r.kv_used -= 1
-                self._join_decode(r, s, generated=0)
-                self.backend.emit(EventKind.DECODE_START, s, self.id)
-            r.ready.clear()
-            if self.cfg.prefill_first and not self.cfg.mixed_chunk:
+            if r.ready:
+                for s in r.ready:
+                    # The first decode step re-feeds the last prompt token (its KV is recomputed on the
+                    # decode side, as vLLM's connectors do), so the context grows from prompt - 1.
+                    s.kv_held -= 1
+                    r.kv_used -= 1
+                    self._join_decode(r, s, generated=0)
+                    self.backend.emit(EventKind.DECODE_START, s, self.id)
+                r.ready.clear()
+            if prefill_first:
                 # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.
-                self._admit(r)
+                if r.waiting:
+                    self._admit(r)
                 decodes = not r.prefilling
                 if decodes:
-                    self._reserve_decode_slots(r)
+                    if r.decode_n and r.capacity - r.kv_used - r.cache_tokens < r.decode_n:
+                        self._reserve_decode_slots(r)
                     r.kv_used += r.decode_n
             else:
                 # As vLLM's scheduler: running requests get their decode slot first, then new ones
                 # are admitted (SGLang's mixed chunk takes the same shape).
-                self._reserve_decode_slots(r)
+                if r.decode_n and r.capacity - r.kv_used - r.cache_tokens < r.decode_n:
+                    self._reserve_decode_slots(r)   # not enough free memory: evict, then preempt
                 r.kv_used += r.decode_n
-                self._admit(r)
+                if r.waiting:
+                    self._admit(r)
                 decodes = True
             decoding.append(decodes)
-        steps = self._span_steps()
-        if steps >= 2:
-            self._start_span(steps)
-            return
-        batches, chunks = [], []
+        if cfg.fast_forward:
+            steps = self._span_steps()
+            if steps >= 2:
+                self._start_span(steps)
+                return
+        seqs, ctx, chunks, prefill = [], [], [], []
+        budget0 = cfg.prefill_budget
         for r, decodes in zip(self.ranks, decoding):
             n = r.decode_n if decodes else 0
-            b = RankBatch(decode_seqs=n, decode_ctx=r.decode_ctx if decodes else 0, requests=n)
-            budget = self.cfg.prefill_budget - n
+            seqs.append(n)
+            ctx.append(r.decode_ctx if decodes else 0)
             rank_chunks = []
-            for s in r.prefilling.values():
-                if budget <= 0:
-                    break
-                c = min(s.target - s.computed, budget)
-                budget -= c
-                p = s.computed
-                b.prefill_tokens += c
-                b.prefill_attn_ctx += c * (p + (c - 1) / 2)
-                b.prefill_kv_read += p + c
-                b.requests += 1
-                rank_chunks.append((s, c))
-                if not s.started_prefill:
-                    s.started_prefill = True
-                    self.backend.emit(EventKind.PREFILL_START, s, self.id, tokens=s.computed)
-            batches.append(b)
+            if r.prefilling:
+                budget = budget0 - n
+                tokens, attn_ctx, kv_read, requests = 0, 0.0, 0, n
+                for s in r.prefilling.values():
+                    if budget <= 0:
+                        break
+                    c = min(s.target - s.computed, budget)
+                    budget -= c
+                    p = s.computed
+                    tokens += c
+                    attn_ctx += c * (p + (c - 1) / 2)
+                    kv_read += p + c
+                    requests += 1
+                    rank_chunks.append((s, c))
+                    if not s.started_prefill:
+                        s.started_prefill = True
+                        self.backend.emit(EventKind.PREFILL_START, s, self.id, tokens=s.computed)
+                if tokens:
+                    prefill.append((len(chunks), tokens, attn_ctx, kv_read, requests))
             chunks.append(rank_chunks)
-        if not any(b.tokens for b in batches):
+        graph = not cfg.cuda_graph_max_bs or max(seqs) <= cfg.cuda_graph_max_bs
+        if prefill:
+            batches = [RankBatch(decode_seqs=n, decode_ctx=c, requests=n) for n, c in zip(seqs, ctx)]
+            for i, tokens, attn_ctx, kv_read, requests in prefill:
+                b = batches[i]
+                b.prefill_tokens, b.prefill_attn_ctx, b.prefill_kv_read, b.requests = tokens, attn_ctx, kv_read, requests
+            dt = self.cost.step_time(batches, graph)
+        elif not any(seqs):
             self.backend.engine_went_idle(self)  # nothing runnable: wait for an arrival or a transfer
             return
-        seqs = np.array([b.decode_seqs for b in batches])
-        if all(b.prefill_tokens == 0 for b in batches):
-            dt = float(self.cost.decode_step_times(seqs, np.array([b.decode_ctx for b in batches]), 1,
-                                                   self._graph(seqs))[0])
+        elif self._decode_step_time is not None:
+            dt = self._decode_step_time(seqs, ctx, graph)
         else:
-            dt = self.cost.step_time(batches, self._graph(seqs))
+            dt = float(self.cost.decode_step_times(np.array(seqs), np.array(ctx), 1, graph)[0])
         self._busy = True
         self.busy_s += dt
         self._version += 1
+        loop = self.backend.loop
         loop.at(loop.now + dt, partial(self._end_step, self._version, chunks, decoding))
-
-    def _graph(self, seqs: np.ndarray) -> bool:
-        """Whether a decode batch fits the captured CUDA graphs (`cuda_graph_max_bs`, 0: any)."""
-        limit = self.cfg.cuda_graph_max_bs
-        return not limit or int(seqs.max()) <= limit
 
     def _span_steps(self) -> int:
         """Decode steps that nothing inside this engine can interrupt (0: take one ordinary step)."""
-        if not self.cfg.fast_forward:
-            return 0
         steps = None
+        max_seqs = self.cfg.max_num_seqs
         for r in self.ranks:
             if r.first_token_due or r.prefilling:
                 return 0
-            if r.waiting and len(r.running) < self.cfg.max_num_seqs:
+            if r.waiting and len(r.running) < max_seqs:
                 return 0  # the head is blocked only by memory, which a span never frees
-            if r.decode_n:
-                while not self._live(r, r.finish_heap[0]):
-                    heapq.heappop(r.finish_heap)  # drop stale entries of preempted requests
+            n = r.decode_n
+            if n:
+                heap = r.finish_heap
+                while True:   # drop stale entries of preempted requests
+                    _, seq, s = heap[0]
+                    if s.state == "decoding" and r.running.get(seq) is s:
+                        break
+                    heapq.heappop(heap)
                 # this step's slots are reserved; later steps may use free memory and the cache
-                k = min(r.finish_heap[0][0] - r.decode_clock, 1 + (r.free + r.cache_tokens) // r.decode_n)
-                steps = k if steps is None else min(steps, k)
+                k = heap[0][0] - r.decode_clock
+                k2 = 1 + (r.capacity - r.kv_used) // n
+                if k2 < k:
+                    k = k2
+                if steps is None or k < steps:
+                    steps = k
         return steps or 0
 
     def _start_span(self, steps: int) -> None:
-        seqs = np.array([r.decode_n for r in self.ranks])
-        ctx = np.array([r.decode_ctx for r in self.ranks])
-        times = self.cost.decode_step_times(seqs, ctx, steps, self._graph(seqs))
+        seqs = [r.decode_n for r in self.ranks]
+        ctx = [r.decode_ctx for r in self.ranks]
+        limit = self.cfg.cuda_graph_max_bs
+        graph = not limit or max(seqs) <= limit
         now = self.backend.loop.now
-        self._span = np.cumsum(np.concatenate(([now], times)))[1:]
+        if self._decode_span_ends is not None:
+            self._span = self._decode_span_ends(seqs, ctx, steps, graph, now)
+        else:
+            times = self.cost.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
+            self._span = np.cumsum(np.concatenate(([now], times)))[1:].tolist()
         self._span_start = now
         self._busy = True
         self._version += 1
-        self.backend.loop.at(float(self._span[-1]), partial(self._end_span, self._version))
+        self.backend.loop.at(self._span[-1], partial(self._end_span, self._version))
 
     def _end_span(self, version: int) -> None:
         if version != self._version:
             return
-        self.backend.mark_stale(self)
-        steps = len(self._span)
-        self.busy_s += float(self._span[-1]) - self._span_start
+        if not self.stale:
+            self.backend.mark_stale(self)
+        span = self._span
+        steps = len(span)
+        self.busy_s += span[-1] - self._span_start
         self._span = None
         for r in self.ranks:
-            if not r.decode_n:
+            n = r.decode_n
+            if not n:
                 continue
             r.decode_clock += steps
-            r.decode_ctx += steps * r.decode_n
-            r.kv_used += (steps - 1) * r.decode_n
-            r.evict_until(0)
-            self._finish_decodes(r)
+            r.decode_ctx += steps * n
+            r.kv_used += (steps - 1) * n
+            if r.capacity - r.kv_used - r.cache_tokens < 0:
+                r.evict_until(0)
+            if r.finish_heap[0][0] <= r.decode_clock:
+                self._finish_decodes(r)
         self._busy = False
         self._step()
 
     def _end_step(self, version: int, chunks: list, decoding: list[bool]) -> None:
         if version != self._version:
             return
-        self.backend.mark_stale(self)
+        if not self.stale:
+            self.backend.mark_stale(self)
         emit = self.backend.emit
         for r, rank_chunks, decoded in zip(self.ranks, chunks, decoding):
             if r.decode_n and decoded:
                 r.decode_clock += 1
                 r.decode_ctx += r.decode_n
-                for s in r.first_token_due:
-                    emit(EventKind.FIRST_TOKEN, s, self.id)
-                r.first_token_due.clear()
-                self._finish_decodes(r)
+                if r.first_token_due:
+                    for s in r.first_token_due:
+                        emit(EventKind.FIRST_TOKEN, s, self.id)
+                    r.first_token_due.clear()
+                if r.finish_heap[0][0] <= r.decode_clock:
+                    self._finish_decodes(r)
             for s, c in rank_chunks:
                 if s.state != "prefilling":
                     continue  # preempted since
@@ -476,20 +515,14 @@ class SimEngine:
     def _finish_decodes(self, r: Rank) -> None:
         heap = r.finish_heap
         while heap and heap[0][0] <= r.decode_clock:
-            entry = heapq.heappop(heap)
-            if not self._live(r, entry):
+            _, seq, s = heapq.heappop(heap)
+            if s.state != "decoding" or r.running.get(seq) is not s:
                 continue  # stale entry of a preempted request
-            _, seq, s = entry
-            held = r.held(s)
+            held = s.kv_held + r.decode_clock - s.clock0
             r.decode_n -= 1
             r.decode_ctx -= held
             r.kv_used -= held
             del r.running[seq]
             s.state = "done"
-            r.cache_put(s.trajectory_id, held)
+            r.cache_put(s.request.trajectory_id, held)
             self.backend.emit(EventKind.DECODE_END, s, self.id, tokens=s.request.output_tokens)
-
-    @staticmethod
-    def _live(r: Rank, entry: tuple) -> bool:
-        _, seq, s = entry
-        return s.state == "decoding" and r.running.get(seq) is s

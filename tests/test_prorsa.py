@@ -55,7 +55,7 @@ def test_futures_of_hand_made_lifecycles_known_answer():
              E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
     prefix = PrefixTracker()
     feed(prefix, first_turn(1))
-    sampler = future_sampler(t, RUN, min_observations=30)
+    sampler = future_sampler(t, RUN, 30, 2.0, 0.01)
     futures = {f.trajectory_id: f for f in sampler.live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))}
     one, two = futures[1], futures[2]
     assert one.ready_s == pytest.approx(2.0) and one.decode_engine == 0
@@ -97,7 +97,7 @@ def test_whatif_predicts_the_measured_rollout(split):
     cluster = cluster_of(HEAVY)
     workload = instantiate(cfg.workload, seed=0)
     run = run_info(ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)), workload)
-    sampler = future_sampler(LifecycleTracker(), run, 30)
+    sampler = future_sampler(LifecycleTracker(), run, 30, 0.0, 0.01)
     new = sampler.new(sorted(run.priors), [1.0], run.trajectories_per_step, 0, np.random.default_rng(0))
     roles = roles_for(split, 4)
     predicted = WhatIf(cluster, 5, 4.0).run([], roles, roles, new, run.max_in_flight).completion_s
@@ -108,10 +108,10 @@ def test_whatif_predicts_the_measured_rollout(split):
 
 def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain():
     cluster = cluster_of(HEAVY)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
     new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
-    split, scores = planner.initial(new, 64)
+    split, scores = planner.initial([new], 64)
     assert split != COLOCATED and scores[split] < 0.9 * scores[COLOCATED]
     view = engines([Role.COLOCATED] * 4)
     # mid-run, leaving colocation reloads every engine (60 s, PEARL Table 3): it does not pay here
@@ -175,3 +175,40 @@ def test_oracle_is_never_behind_the_best_static_allocation(tmp_path):
                              tmp_path)
     assert summary["rollout_time_s"] <= best + 1e-9
     assert summary["oracle_decisions"][0][0] == 0.0
+
+
+def test_product_limit_known_answer():
+    """Ends at 1 and 2, one trajectory known to reach 2 and still running. At 1: 3 at risk, 1 ends,
+    S = 2/3; at 2: 2 at risk (the running one counts), 1 ends, S = 1/3; the last third goes to the prior
+    above 2 (5 and 7, a sixth each)."""
+    from harness.prorsa.estimate import product_limit
+    points = product_limit(np.array([1.0, 2.0]), np.array([2.0]), np.array([1.0, 5.0, 7.0]))
+    values, counts = np.unique(points, return_counts=True)
+    assert list(values) == [1, 2, 5, 7]
+    assert counts / counts.sum() == pytest.approx([1 / 3, 1 / 3, 1 / 6, 1 / 6], abs=1e-3)
+    # nothing running: the observed values themselves
+    assert list(product_limit(np.array([3.0, 1.0]), np.array([]), np.array([9.0]))) == [1, 3]
+
+
+def test_running_trajectories_remove_the_short_first_bias():
+    """500 trajectories of 1-20 turns; the 60 that ended by now are the shortest (1-2 turns). Sampling
+    turns from them alone says 1.5; counting the 440 still running (each at turn 3) gives the truth."""
+    from harness.prorsa.estimate import product_limit
+    rng = np.random.default_rng(0)
+    turns = rng.integers(1, 21, 500)
+    ended, running = turns[turns <= 2], np.full(int((turns > 2).sum()), 3.0)
+    prior = np.sort(rng.integers(1, 21, 2000)).astype(float)
+    assert np.mean(ended) < 2
+    assert np.mean(product_limit(ended, running, prior)) == pytest.approx(np.mean(turns), rel=0.1)
+
+
+def test_tracker_reports_what_live_trajectories_have_reached():
+    t = LifecycleTracker()
+    feed(t, first_turn(1))                                  # in a tool call since 1.0
+    feed(t, [E(K.TRAJECTORY_START, 1.8, 2, 0, detail="fam"), E(K.TURN_READY, 1.8, 2, 0, tokens=100),
+             E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
+    c = t.censored(now=3.0, tpot=0.01)
+    assert sorted(c["turns"]["fam"]) == [1, 1]
+    assert c["tool_latency_s"]["fam"] == [pytest.approx(2.0)]
+    assert c["output_tokens"]["fam"] == [pytest.approx(120.0)]
+    assert t.started == 2 and list(t.start_families) == ["fam", "fam"]

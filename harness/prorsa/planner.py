@@ -19,11 +19,10 @@ import numpy as np
 
 from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
 from harness.cluster import ClusterConfig
+from harness.prorsa.estimate import product_limit
 from harness.prorsa.switcher import COLOCATED, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
-
-MAX_HISTORY = 2000   # the newest observations per family and quantity a plan samples from (bounded)
 
 PRIOR_POINTS = 199
 _Z = np.array([NormalDist().inv_cdf((i + 1) / (PRIOR_POINTS + 1)) for i in range(PRIOR_POINTS)])
@@ -34,15 +33,23 @@ def prior_samples(prior: LogNormalPrior) -> np.ndarray:
     return prior.median * np.exp(prior.sigma * _Z)
 
 
-def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> FutureSampler:
-    """Per family: what was observed once there are `min_observations` values, the prior until then
-    (turns cut at the family's turn cap)."""
-    def pick(observed: dict[str, list], key: str) -> dict[str, np.ndarray]:
+def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int, now: float,
+                   tpot: float) -> FutureSampler:
+    """Per family: once `min_observations` values have ended, the product-limit estimate from them and
+    from what the live trajectories have reached so far (estimate.py); the prior until then (turns cut
+    at the family's turn cap)."""
+    censored = tracker.censored(now, tpot)
+
+    def pick(observed: dict, key: str) -> dict[str, np.ndarray]:
         out = {}
         for family, priors in run.priors.items():
-            seen = observed.get(family, [])
-            values = seen[-MAX_HISTORY:] if len(seen) >= min_observations else prior_samples(getattr(priors, key))
-            out[family] = np.sort(np.asarray(values, dtype=float))
+            prior = prior_samples(getattr(priors, key))
+            seen = observed.get(family, ())
+            if len(seen) < min_observations:
+                out[family] = prior
+            else:
+                out[family] = product_limit(np.asarray(seen, dtype=float),
+                                            np.asarray(censored.get(key, {}).get(family, []), dtype=float), prior)
         return out
     turns = pick(tracker.finished_turns, "turns")
     return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
@@ -95,11 +102,13 @@ class Planner:
         chosen = best if switch else current
         return Decision(chosen, roles_of[chosen], switch, scores, outcomes[current])
 
-    def initial(self, new: list[FutureTrajectory], max_in_flight: int) -> tuple[int, dict[int, float]]:
-        """The best allocation to start in, for trajectories sampled from the priors (no switch)."""
+    def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int) -> tuple[int, dict[int, float]]:
+        """The best allocation to start in (no switch), by the mean completion over several samples of
+        trajectories drawn from the priors: one sample's slowest trajectory is noise."""
         n = self.cluster.num_engines
         scores = {}
         for split in self.candidates(COLOCATED if self.allow_colocated else 1):
             roles = roles_for(split, n)
-            scores[split] = self.whatif.run([], roles, roles, new, max_in_flight).completion_s
+            scores[split] = float(np.mean([self.whatif.run([], roles, roles, new, max_in_flight).completion_s
+                                           for new in samples]))
         return min(scores, key=lambda k: (scores[k], k)), scores

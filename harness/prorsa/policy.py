@@ -19,6 +19,8 @@ turn, nothing after it, no new trajectories); `switching: false` keeps the initi
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
@@ -30,6 +32,12 @@ from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import PrefixTracker, route_by_role
 
+log = logging.getLogger(__name__)
+
+
+def split_name(split: int, n: int) -> str:
+    return "colocated" if split == COLOCATED else f"{split}P{n - split}D"
+
 
 class Prorsa:
     name = "prorsa"
@@ -37,14 +45,16 @@ class Prorsa:
     def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,
                  bins: int = 5, hysteresis: float = 0.05, min_dwell_s: float = 10.0, min_observations: int = 30,
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", max_candidates: int = 8, seed: int = 0, name: str = "prorsa"):
+                 initial: str = "plan", initial_samples: int = 3, max_candidates: int = 8, mix_window: int = 128, seed: int = 0,
+                 name: str = "prorsa"):
         if initial not in ("plan", "colocated"):
             raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
         for key, v in (("control_interval_s", control_interval_s), ("replan_interval_s", replan_interval_s),
                        ("horizon_s", horizon_s)):
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number > 0")
-        for key, v in (("bins", bins), ("max_candidates", max_candidates), ("min_observations", min_observations)):
+        for key, v in (("bins", bins), ("max_candidates", max_candidates), ("min_observations", min_observations),
+                       ("mix_window", mix_window), ("initial_samples", initial_samples)):
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"policy.{key}={v!r} is invalid; allowed: an integer >= 1")
         for key, v in (("hysteresis", hysteresis), ("min_dwell_s", min_dwell_s)):
@@ -56,7 +66,8 @@ class Prorsa:
         self.horizon_s, self.bins = horizon_s, bins
         self.hysteresis, self.min_dwell_s, self.min_obs = hysteresis, min_dwell_s, min_observations
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
-        self.initial, self.max_candidates, self.seed = initial, max_candidates, seed
+        self.initial, self.initial_samples = initial, initial_samples
+        self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
         self.decisions: list[tuple[float, int]] = []
@@ -89,17 +100,17 @@ class Prorsa:
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
         self.forecaster.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
-        new_step = self.run.mode == "sync" and len(self.tracker.starts) > self._starts_seen
+        new_step = self.run.mode == "sync" and self.tracker.started > self._starts_seen
         if not (new_step or view.now >= self._next_plan) or not self.tracker.live:
             return None
         current = current_split(view)
         if current is None:
             return None   # a switch is under way
         self._next_plan = view.now + self.replan_interval_s
-        self._starts_seen = len(self.tracker.starts)
+        self._starts_seen = self.tracker.started
         self._plans += 1
         rng = np.random.default_rng([self.seed, self._plans])
-        sampler = self._sampler()
+        sampler = self._sampler(view.now)
         if self.use_forecast:
             futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
@@ -113,10 +124,14 @@ class Prorsa:
         d = self.planner.decide(view, current, futures, new, self.run.max_in_flight)
         self._record(view.now, d.current)
         self.plan_scores.append((view.now, d.scores))
+        n = len(view.engines)
+        log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
         if not d.switch:
             return None
         self._last_switch = view.now
         self.decisions.append((view.now, d.split))
+        log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, n),
+                 split_name(d.split, n), d.scores[current], d.scores[d.split])
         return d.roles
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
@@ -134,20 +149,25 @@ class Prorsa:
         return out
 
     # --- helpers --------------------------------------------------------------------------------
-    def _sampler(self) -> FutureSampler:
-        return future_sampler(self.tracker, self.run, self.min_obs)
+    def _sampler(self, now: float) -> FutureSampler:
+        return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot())
 
     def _new(self, sampler: FutureSampler, rng) -> list[FutureTrajectory]:
-        """Async: the next `max_in_flight` trajectories to start, by the workload's family mix."""
-        return sampler.new(self.families, self.weights, self.run.max_in_flight, -1 - self.run.max_in_flight, rng)
+        """Async: the next `max_in_flight` trajectories to start, in the family mix of the newest
+        `mix_window` starts (the mix can change during a run), the workload's step-0 mix before."""
+        recent = list(self.tracker.start_families)[-self.mix_window:]
+        weights = self.weights
+        if len(recent) >= self.mix_window:
+            weights = [recent.count(f) for f in self.families]
+        return sampler.new(self.families, weights, self.run.max_in_flight, -1 - self.run.max_in_flight, rng)
 
     def _initial_split(self) -> int:
-        """The planner's best start for one phase of trajectories drawn from the priors."""
-        sampler = self._sampler()
+        """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples` draws)."""
+        sampler = self._sampler(0.0)
         rng = np.random.default_rng([self.seed, 0])
         count = self.run.trajectories_per_step if self.run.mode == "sync" else 2 * self.run.max_in_flight
-        new = sampler.new(self.families, self.weights, count, 0, rng)
-        split, scores = self.planner.initial(new, self.run.max_in_flight)
+        samples = [sampler.new(self.families, self.weights, count, 0, rng) for _ in range(self.initial_samples)]
+        split, scores = self.planner.initial(samples, self.run.max_in_flight)
         self.plan_scores.append((0.0, scores))
         return split
 
@@ -155,7 +175,7 @@ class Prorsa:
         """The forecast-free view: every live trajectory finishes its current turn (at the mean output
         seen so far) and nothing follows."""
         outs = self.tracker.outputs
-        mean = {f: float(np.mean(v[-1000:])) for f, v in outs.items() if v}
+        mean = {f: float(np.mean(v)) for f, v in outs.items() if v}
         futures = []
         for s in self.tracker.live.values():
             if s.phase == Phase.TOOL:

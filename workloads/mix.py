@@ -91,13 +91,16 @@ class MixWorkload:
         return counts
 
     def batch(self, step: int) -> list[TrajectoryScript]:
-        out: list[TrajectoryScript] = []
-        g = 0
+        """The step's groups, components interleaved evenly (the i-th of k groups at position (i + 0.5) / k),
+        as a shuffled multi-task dataset spreads them; not all of one task and then the other."""
+        groups = []
         for name, k in self.prompts(step).items():
             scripts = self.workloads[name].batch(step)[: k * self.group_size]
-            for j, script in enumerate(scripts):
-                group = g + j // self.group_size
-                out.append(replace(script, step=step, group_id=group_id(step, self.batch_size, group),
+            for i in range(k):
+                groups.append(((i + 0.5) / k, name, scripts[i * self.group_size:(i + 1) * self.group_size]))
+        out: list[TrajectoryScript] = []
+        for g, (_, _, scripts) in enumerate(sorted(groups, key=lambda x: x[:2])):
+            for script in scripts:
+                out.append(replace(script, step=step, group_id=group_id(step, self.batch_size, g),
                                    trajectory_id=trajectory_id(step, self.batch_size, self.group_size, len(out))))
-            g += k
         return out

@@ -1,4 +1,6 @@
 """The roofline cost model: the Vidur golden point, hand-computed step times, and the paper's effects (a), (b)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,8 @@ def _models():
     k = {"prefill_base_s": 0.01, "prefill_s_per_token": 1e-5, "prefill_s_per_attn_ctx": 1e-9,
          "decode_base_s": 0.02, "decode_s_per_seq": 3e-4, "decode_s_per_ctx": 2e-8}
     out.append(ProfiledCostModel(k, cat["qwen3_8b"], gpus["h100"], PERF, Parallelism(dp=2)))
+    # slow attention: compute gains on memory as context grows (the span's last step decides)
+    out.append(RooflineCostModel(cat["qwen3_8b"], gpus["h100"], replace(PERF, attn_mfu=0.002), Parallelism(dp=2)))
     return out
 
 

@@ -87,3 +87,12 @@ def test_an_engine_list_changed_by_its_caller_is_scanned(small):
     backend.mark_stale(backend.engines[0])
     backend.view()                 # a newer view: the older one answers from its own engines
     assert pick(stale, None, decode_load) is min(stale, key=decode_load)
+
+
+def test_the_simulator_builds_the_same_lifecycle_events():
+    from harness.api import EventKind, LifecycleEvent
+    from harness.sim.backend import _event
+    a = LifecycleEvent(EventKind.PREEMPTED, 1.5, 3, 4, 5, 6, 7)
+    b = _event(EventKind.PREEMPTED, 1.5, 3, 4, 5, 6, 7)
+    assert type(b) is LifecycleEvent and a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    assert a.__dict__ == b.__dict__ and list(a.__dict__) == list(b.__dict__)

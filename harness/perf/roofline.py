@@ -45,7 +45,7 @@ class PerfConstants:
     nic_efficiency: float
 
 
-@dataclass
+@dataclass(slots=True)
 class RankBatch:
     """The work one attention rank does in one step."""
 
@@ -138,10 +138,18 @@ class RooflineCostModel:
     def step_time(self, ranks: list[RankBatch], graph: bool = True) -> float:
         """Time of one engine step; ranks with no work still take part (DP attention idle batch).
         A step runs as a CUDA graph when no rank prefills and `graph` (the batch fits the graph)."""
-        tokens = sum(r.tokens for r in ranks)
-        eager = not graph or any(r.prefill_tokens for r in ranks)
-        slowest = max(self.rank_time(r) for r in ranks)
-        return slowest + self.moe_time(tokens) + self._fixed(sum(r.requests for r in ranks), eager)
+        tokens = requests = 0
+        eager = not graph
+        slowest = None
+        for r in ranks:   # one pass: the simulator calls this for every step that prefills
+            tokens += r.decode_seqs + r.prefill_tokens
+            requests += r.requests
+            if r.prefill_tokens:
+                eager = True
+            t = self.rank_time(r)
+            if slowest is None or t > slowest:
+                slowest = t
+        return slowest + self.moe_time(tokens) + self._fixed(requests, eager)
 
     def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int, graph: bool = True) -> np.ndarray:
         """Times of `steps` consecutive decode-only steps whose batch does not change.
@@ -189,52 +197,82 @@ class RooflineCostModel:
         bit for bit. When every rank stays memory-bound through the span and pays the same all-reduce
         time, the slowest rank of a step is the one with the most context (memory time grows with it),
         so a step costs a few float operations instead of a pass over the ranks."""
-        g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
-                           self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
-        comm = [self._tp_fixed + self._tp_s_per_token * float(n) if n > 0 else 0.0 for n in seqs]
-        if any(x != comm[0] for x in comm) or not self._memory_bound(seqs, ctx, steps):
-            times = self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
-            return np.cumsum(np.concatenate(([start], times)))[1:].tolist()
-        shared, extra = self._decode_shared(sum(seqs), graph), comm[0]
-        ends = []
+        extra = 0.0
+        if self._tp_fixed or self._tp_s_per_token:
+            comm = [self._tp_fixed + self._tp_s_per_token * float(n) if n > 0 else 0.0 for n in seqs]
+            extra = comm[0]
+            if any(x != extra for x in comm):
+                return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
+        if not self._memory_bound(seqs, ctx, steps):
+            return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
+        shared = self._decode_shared(sum(seqs), graph)
+        w, kv, ms = self._weight_bytes_rank, self.kv_bytes_per_token_gpu, self._mem_s_per_byte
+        ends: list[float] = []
+        append = ends.append
         t = start
-        for j0, j1, n, c0 in _upper_envelope(seqs, ctx, steps):
+        segments = ((0, steps, seqs[0], ctx[0]),) if len(seqs) == 1 else _upper_envelope(seqs, ctx, steps)
+        for j0, j1, n, c0 in segments:
             c = c0 + j0 * n
-            for _ in range(j1 - j0):
-                t += ((w + kv * float(c)) * ms + extra) + shared
-                ends.append(t)
-                c += n
+            if n:
+                for c in range(c, c + (j1 - j0) * n, n):   # kv * int == kv * float(int) below 2**53
+                    t += ((w + kv * c) * ms + extra) + shared
+                    append(t)
+            else:
+                dt = ((w + kv * c) * ms + extra) + shared
+                for _ in range(j1 - j0):
+                    t += dt
+                    append(t)
         return ends
 
+    def _span_ends_vectorised(self, seqs: list[int], ctx: list[int], steps: int, graph: bool,
+                              start: float) -> list[float]:
+        times = self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
+        return np.cumsum(np.concatenate(([start], times)))[1:].tolist()
+
     def _memory_bound(self, seqs: list[int], ctx: list[int], steps: int) -> bool:
-        """Whether memory time exceeds compute time on every rank at every step of the span, by a
-        margin far above rounding (both are linear in the context: the span's ends decide)."""
+        """Whether memory time exceeds compute time on every rank at every step of the span by a margin
+        (1e-7) far above rounding, so the float max picks memory at each step. Both are linear in the
+        context, so the span's first or last step decides (both when their slopes are too close)."""
         g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
                            self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
+        scale = 1 - 1e-7
+        at = self._binding_steps(steps - 1)
         for n, c0 in zip(seqs, ctx):
-            for c in (float(c0), float(c0 + (steps - 1) * n)):
-                memory = (w + kv * c) * ms
-                if not memory - (g * float(n) + a * c) > 1e-9 * memory:
+            for j in at:
+                c = c0 + j * n
+                if not g * n + a * c < (w + kv * c) * ms * scale:
                     return False
         return True
+
+    def _binding_steps(self, last: int) -> tuple[int, ...]:
+        """Memory minus compute time changes with context at kv * ms - attn per token: where it is least."""
+        grow, attn = self.kv_bytes_per_token_gpu * self._mem_s_per_byte, self._attn_s_per_ctx
+        if grow > attn * (1 + 1e-6):
+            return (0,)
+        if attn > grow * (1 + 1e-6):
+            return (last,)
+        return (0, last)
 
 
 def _upper_envelope(seqs: list[int], ctx: list[int], steps: int) -> list[tuple[int, int, int, int]]:
     """The most context on any rank at each step j < steps (rank r holds ctx[r] + j * seqs[r]), as
     segments (j0, j1, seqs, ctx) of the rank that holds it for j0 <= j < j1 (integers: exact)."""
-    lines = list(zip(seqs, ctx))
-    n, c0 = max(lines, key=lambda line: (line[1], line[0]))
+    n = c0 = -1
+    for m, d0 in zip(seqs, ctx):   # the most context at step 0 (the steeper of equals)
+        if d0 > c0 or (d0 == c0 and m > n):
+            n, c0 = m, d0
     j, out = 0, []
     while True:
-        nxt = None     # (first step at which another rank holds more, its value there, slope, ctx)
-        for m, d0 in lines:
+        best = None     # (first step at which another rank holds more, minus its context there, minus slope)
+        for m, d0 in zip(seqs, ctx):
             if m > n:   # it gains on the current one: ahead from step floor((c0 - d0) / (m - n)) + 1
                 jj = (c0 - d0) // (m - n) + 1
-                cand = (jj, -(d0 + jj * m), -m, d0)
-                if nxt is None or cand < nxt:
-                    nxt = cand
-        if nxt is None or nxt[0] >= steps:
+                if jj < steps:
+                    cand = (jj, -(d0 + jj * m), -m, d0)
+                    if best is None or cand < best:
+                        best = cand
+        if best is None:
             out.append((j, steps, n, c0))
             return out
-        out.append((j, nxt[0], n, c0))
-        j, n, c0 = nxt[0], -nxt[2], nxt[3]
+        out.append((j, best[0], n, c0))
+        j, n, c0 = best[0], -best[2], best[3]

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 FULL, PREFILL, DECODE = "full", "prefill", "decode"   # leg kinds: colocated, P side, D side
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     request: TurnRequest
     route: Route
@@ -58,7 +58,7 @@ class SimRequest:
         return self.request.trajectory_id
 
 
-@dataclass
+@dataclass(slots=True)
 class Rank:
     capacity: int
     waiting: deque = field(default_factory=deque)
@@ -382,7 +382,7 @@ class SimEngine:
             chunks.append(rank_chunks)
         graph = not cfg.cuda_graph_max_bs or max(seqs) <= cfg.cuda_graph_max_bs
         if prefill:
-            batches = [RankBatch(decode_seqs=n, decode_ctx=c, requests=n) for n, c in zip(seqs, ctx)]
+            batches = [RankBatch(n, c, 0, 0.0, 0, n) for n, c in zip(seqs, ctx)]
             for i, tokens, attn_ctx, kv_read, requests in prefill:
                 b = batches[i]
                 b.prefill_tokens, b.prefill_attn_ctx, b.prefill_kv_read, b.requests = tokens, attn_ctx, kv_read, requests

@@ -80,6 +80,11 @@ class RooflineCostModel:
         else:
             self._tp_fixed = self._tp_s_per_token = 0.0
         self._moe_gpus = par.gpus if par.ep else tp
+        # Memory minus compute time changes with context at kv * ms - attn per token: where a span's
+        # steps are closest to compute-bound (0: its first step, 1: its last), per span length > 1 and 1.
+        grow, attn = self.kv_bytes_per_token_gpu * self._mem_s_per_byte, self._attn_s_per_ctx
+        ends = (0,) if grow > attn * (1 + 1e-6) else (1,) if attn > grow * (1 + 1e-6) else (0, 1)
+        self._binding = (ends, (0,))
         self._moe_memo: dict[int, float] = {}
         self._decode_memo: dict[tuple[int, bool], float] = {}
 
@@ -236,22 +241,14 @@ class RooflineCostModel:
         g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
                            self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
         scale = 1 - 1e-7
-        at = self._binding_steps(steps - 1)
+        at = self._binding[1] if steps == 1 else self._binding[0]
+        last = steps - 1
         for n, c0 in zip(seqs, ctx):
             for j in at:
-                c = c0 + j * n
+                c = c0 + j * last * n
                 if not g * n + a * c < (w + kv * c) * ms * scale:
                     return False
         return True
-
-    def _binding_steps(self, last: int) -> tuple[int, ...]:
-        """Memory minus compute time changes with context at kv * ms - attn per token: where it is least."""
-        grow, attn = self.kv_bytes_per_token_gpu * self._mem_s_per_byte, self._attn_s_per_ctx
-        if grow > attn * (1 + 1e-6):
-            return (0,)
-        if attn > grow * (1 + 1e-6):
-            return (last,)
-        return (0, last)
 
 
 def _upper_envelope(seqs: list[int], ctx: list[int], steps: int) -> list[tuple[int, int, int, int]]:

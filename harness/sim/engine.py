@@ -318,7 +318,11 @@ class SimEngine:
             self.backend.mark_stale(self)
         cfg = self.cfg
         prefill_first = cfg.prefill_first and not cfg.mixed_chunk
+        max_seqs = cfg.max_num_seqs
+        span = cfg.fast_forward             # while no rank so far rules out a fast-forward span
+        steps = None                        # decode steps no rank so far can interrupt
         decoding = []                       # per rank: does it decode in this step
+        seqs, ctx = [], []                  # per rank: this step's decoding sequences and their context
         for r in self.ranks:
             if r.ready:
                 for s in r.ready:
@@ -348,17 +352,34 @@ class SimEngine:
                     self._admit(r)
                 decodes = True
             decoding.append(decodes)
-        if cfg.fast_forward:
-            steps = self._span_steps()
-            if steps >= 2:
-                self._start_span(steps)
-                return
-        seqs, ctx, chunks, prefill = [], [], [], []
-        budget0 = cfg.prefill_budget
-        for r, decodes in zip(self.ranks, decoding):
             n = r.decode_n if decodes else 0
             seqs.append(n)
             ctx.append(r.decode_ctx if decodes else 0)
+            if span:   # how many decode steps nothing inside the engine can interrupt
+                if r.first_token_due or r.prefilling or (r.waiting and len(r.running) < max_seqs):
+                    span = False   # (a waiting head blocked only by memory stays blocked: spans free none)
+                elif n:
+                    heap = r.finish_heap
+                    while True:   # drop stale entries of preempted requests
+                        _, seq, s = heap[0]
+                        if s.state == "decoding" and r.running.get(seq) is s:
+                            break
+                        heapq.heappop(heap)
+                    # this step's slots are reserved; later steps may use free memory and the cache
+                    k = heap[0][0] - r.decode_clock
+                    k2 = 1 + (r.capacity - r.kv_used) // n
+                    if k2 < k:
+                        k = k2
+                    if steps is None or k < steps:
+                        steps = k
+        limit = cfg.cuda_graph_max_bs
+        graph = not limit or max(seqs) <= limit
+        if span and steps is not None and steps >= 2:
+            self._start_span(steps, seqs, ctx, graph)
+            return
+        chunks, prefill = [], []
+        budget0 = cfg.prefill_budget
+        for r, n in zip(self.ranks, seqs):
             rank_chunks = []
             if r.prefilling:
                 budget = budget0 - n
@@ -380,7 +401,6 @@ class SimEngine:
                 if tokens:
                     prefill.append((len(chunks), tokens, attn_ctx, kv_read, requests))
             chunks.append(rank_chunks)
-        graph = not cfg.cuda_graph_max_bs or max(seqs) <= cfg.cuda_graph_max_bs
         if prefill:
             batches = [RankBatch(n, c, 0, 0.0, 0, n) for n, c in zip(seqs, ctx)]
             for i, tokens, attn_ctx, kv_read, requests in prefill:
@@ -400,37 +420,8 @@ class SimEngine:
         loop = self.backend.loop
         loop.at(loop.now + dt, partial(self._end_step, self._version, chunks, decoding))
 
-    def _span_steps(self) -> int:
-        """Decode steps that nothing inside this engine can interrupt (0: take one ordinary step)."""
-        steps = None
-        max_seqs = self.cfg.max_num_seqs
-        for r in self.ranks:
-            if r.first_token_due or r.prefilling:
-                return 0
-            if r.waiting and len(r.running) < max_seqs:
-                return 0  # the head is blocked only by memory, which a span never frees
-            n = r.decode_n
-            if n:
-                heap = r.finish_heap
-                while True:   # drop stale entries of preempted requests
-                    _, seq, s = heap[0]
-                    if s.state == "decoding" and r.running.get(seq) is s:
-                        break
-                    heapq.heappop(heap)
-                # this step's slots are reserved; later steps may use free memory and the cache
-                k = heap[0][0] - r.decode_clock
-                k2 = 1 + (r.capacity - r.kv_used) // n
-                if k2 < k:
-                    k = k2
-                if steps is None or k < steps:
-                    steps = k
-        return steps or 0
-
-    def _start_span(self, steps: int) -> None:
-        seqs = [r.decode_n for r in self.ranks]
-        ctx = [r.decode_ctx for r in self.ranks]
-        limit = self.cfg.cuda_graph_max_bs
-        graph = not limit or max(seqs) <= limit
+    def _start_span(self, steps: int, seqs: list[int], ctx: list[int], graph: bool) -> None:
+        """Advance `steps` decode-only steps as one event (every rank decodes: none prefills)."""
         now = self.backend.loop.now
         if self._decode_span_ends is not None:
             self._span = self._decode_span_ends(seqs, ctx, steps, graph, now)

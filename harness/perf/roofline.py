@@ -81,10 +81,9 @@ class RooflineCostModel:
             self._tp_fixed = self._tp_s_per_token = 0.0
         self._moe_gpus = par.gpus if par.ep else tp
         # Memory minus compute time changes with context at kv * ms - attn per token: where a span's
-        # steps are closest to compute-bound (0: its first step, 1: its last), per span length > 1 and 1.
+        # steps are closest to compute-bound (0: its first step, 1: its last).
         grow, attn = self.kv_bytes_per_token_gpu * self._mem_s_per_byte, self._attn_s_per_ctx
-        ends = (0,) if grow > attn * (1 + 1e-6) else (1,) if attn > grow * (1 + 1e-6) else (0, 1)
-        self._binding = (ends, (0,))
+        self._binding = (0,) if grow > attn * (1 + 1e-6) else (1,) if attn > grow * (1 + 1e-6) else (0, 1)
         self._moe_memo: dict[int, float] = {}
         self._decode_memo: dict[tuple[int, bool], float] = {}
 
@@ -208,14 +207,31 @@ class RooflineCostModel:
             extra = comm[0]
             if any(x != extra for x in comm):
                 return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
-        if not self._memory_bound(seqs, ctx, steps):
-            return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
-        shared = self._decode_shared(sum(seqs), graph)
-        w, kv, ms = self._weight_bytes_rank, self.kv_bytes_per_token_gpu, self._mem_s_per_byte
+        g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
+                           self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
+        # Memory-bound with a margin (1e-7) far above rounding at the span's step closest to compute-bound
+        # (both times are linear in the context), so the float max picks memory at every step.
+        scale = 1 - 1e-7
+        at = self._binding if steps > 1 else (0,)
+        last = steps - 1
+        top_n = top_c = -1          # the rank with the most context at step 0 (the steeper of equals)
+        for n, c0 in zip(seqs, ctx):
+            for j in at:
+                c = c0 + j * last * n
+                if not g * n + a * c < (w + kv * c) * ms * scale:
+                    return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
+            if c0 > top_c or (c0 == top_c and n > top_n):
+                top_n, top_c = n, c0
+        shared = self._decode_memo.get((sum(seqs), graph))
+        if shared is None:
+            shared = self._decode_shared(sum(seqs), graph)
+        if any(n > top_n for n in seqs):   # another rank may overtake it
+            segments = _upper_envelope(seqs, ctx, steps)
+        else:
+            segments = ((0, steps, top_n, top_c),)
         ends: list[float] = []
         append = ends.append
         t = start
-        segments = ((0, steps, seqs[0], ctx[0]),) if len(seqs) == 1 else _upper_envelope(seqs, ctx, steps)
         for j0, j1, n, c0 in segments:
             c = c0 + j0 * n
             if n:
@@ -233,23 +249,6 @@ class RooflineCostModel:
                               start: float) -> list[float]:
         times = self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
         return np.cumsum(np.concatenate(([start], times)))[1:].tolist()
-
-    def _memory_bound(self, seqs: list[int], ctx: list[int], steps: int) -> bool:
-        """Whether memory time exceeds compute time on every rank at every step of the span by a margin
-        (1e-7) far above rounding, so the float max picks memory at each step. Both are linear in the
-        context, so the span's first or last step decides (both when their slopes are too close)."""
-        g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
-                           self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
-        scale = 1 - 1e-7
-        at = self._binding[1] if steps == 1 else self._binding[0]
-        last = steps - 1
-        for n, c0 in zip(seqs, ctx):
-            for j in at:
-                c = c0 + j * last * n
-                if not g * n + a * c < (w + kv * c) * ms * scale:
-                    return False
-        return True
-
 
 def _upper_envelope(seqs: list[int], ctx: list[int], steps: int) -> list[tuple[int, int, int, int]]:
     """The most context on any rank at each step j < steps (rank r holds ctx[r] + j * seqs[r]), as

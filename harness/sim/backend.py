@@ -143,7 +143,7 @@ class SimBackend:
     def view(self) -> ClusterView:
         if self._stale:
             self._refresh()
-        view = _SimView(now=self.loop.now, engines=list(self._states))
+        view = _SimView(self.loop.now, list(self._states))
         view._backend, view._gen = self, self._gen
         return view
 

@@ -20,10 +20,10 @@ class EventLoop:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, callback, observer))
 
-    def run(self, stop: Callable[[], bool] = lambda: False) -> None:
-        heap = self._heap
-        while heap and not stop():
-            t, _, callback, _ = heapq.heappop(heap)
+    def run(self, stop: Callable[[], bool] | None = None) -> None:
+        heap, pop = self._heap, heapq.heappop
+        while heap and (stop is None or not stop()):
+            t, _, callback, _ = pop(heap)
             self.now = t
             self.events_processed += 1
             callback()

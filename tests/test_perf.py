@@ -123,3 +123,26 @@ def test_upper_envelope_is_the_most_context_at_every_step():
         for j0, j1, n, c0 in segs:
             for j in range(j0, j1):
                 assert c0 + j * n == max(c + j * s for s, c in zip(seqs, ctx))
+
+
+@pytest.mark.parametrize("m", _models(), ids=lambda m: f"{type(m).__name__}-tp{m.par.tp}-dp{m.par.dp}")
+def test_mixed_step_time_is_step_time_of_the_batches(m):
+    """The simulator's prefill steps skip building RankBatch objects; the bits are step_time's."""
+    rng = np.random.default_rng(2)
+    for case in range(400):
+        dp = m.par.dp
+        seqs = rng.integers(0, [3, 40, 300][case % 3], dp).tolist()
+        ctx = [n * int(rng.integers(1, 5000)) for n in seqs]
+        prefill = []
+        for r in range(dp):
+            if rng.random() < 0.5:
+                tokens = int(rng.integers(1, 8192))
+                past = int(rng.integers(0, 30000))
+                prefill.append((r, tokens, tokens * (past + (tokens - 1) / 2), past + tokens,
+                                seqs[r] + int(rng.integers(1, 4))))
+        graph = bool(case % 2)
+        batches = [RankBatch(decode_seqs=n, decode_ctx=c, requests=n) for n, c in zip(seqs, ctx)]
+        for r, tokens, attn_ctx, kv_read, requests in prefill:
+            b = batches[r]
+            b.prefill_tokens, b.prefill_attn_ctx, b.prefill_kv_read, b.requests = tokens, attn_ctx, kv_read, requests
+        assert m.mixed_step_time(seqs, ctx, prefill, graph) == m.step_time(batches, graph)

@@ -54,6 +54,13 @@ class ProfiledCostModel(RooflineCostModel):
         t = k["decode_base_s"] + k["decode_s_per_seq"] * seqs[None, :] + k["decode_s_per_ctx"] * c
         return t.max(axis=1)
 
+    def mixed_step_time(self, seqs: list[int], ctx: list[int], prefill: list[tuple], graph: bool = True) -> float:
+        batches = [RankBatch(n, c, 0, 0.0, 0, n) for n, c in zip(seqs, ctx)]
+        for r, tokens, attn_ctx, kv_read, requests in prefill:
+            b = batches[r]
+            b.prefill_tokens, b.prefill_attn_ctx, b.prefill_kv_read, b.requests = tokens, attn_ctx, kv_read, requests
+        return self.step_time(batches, graph)
+
     def decode_step_time(self, seqs: list[int], ctx: list[int], graph: bool = True) -> float:
         """`decode_step_times(seqs, ctx, 1)[0]` for lists of ints, without numpy (the same bits)."""
         k = self.k

@@ -155,6 +155,38 @@ class RooflineCostModel:
                 slowest = t
         return slowest + self.moe_time(tokens) + self._fixed(requests, eager)
 
+    def mixed_step_time(self, seqs: list[int], ctx: list[int], prefill: list[tuple], graph: bool = True) -> float:
+        """`step_time` of ranks r = RankBatch(seqs[r], ctx[r], requests=seqs[r]), with the prefill chunks
+        of `prefill` ((rank, tokens, attn_ctx, kv_read, requests), in rank order) on theirs: the same
+        float operations in the same order, without building the batches (the simulator's steps
+        that prefill)."""
+        g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
+                           self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
+        tp_fixed, tp_token = self._tp_fixed, self._tp_s_per_token
+        total = requests = 0
+        eager = not graph
+        slowest = None
+        k, nxt = 0, prefill[0][0] if prefill else -1
+        for r, (n, c) in enumerate(zip(seqs, ctx)):
+            if r == nxt:
+                _, pt, attn_ctx, kv_read, req = prefill[k]
+                k += 1
+                nxt = prefill[k][0] if k < len(prefill) else -1
+                tokens = n + pt
+                if pt:
+                    eager = True
+            else:
+                pt, attn_ctx, kv_read, req = 0, 0.0, 0, n
+                tokens = n
+            total += tokens
+            requests += req
+            compute = g * tokens + a * (c + attn_ctx)
+            memory = (w + kv * (c + kv_read)) * ms
+            t = max(compute, memory) + (tp_fixed + tp_token * tokens if tokens else 0.0)
+            if slowest is None or t > slowest:
+                slowest = t
+        return slowest + self.moe_time(total) + self._fixed(requests, eager)
+
     def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int, graph: bool = True) -> np.ndarray:
         """Times of `steps` consecutive decode-only steps whose batch does not change.
 
@@ -234,7 +266,12 @@ class RooflineCostModel:
         t = start
         for j0, j1, n, c0 in segments:
             c = c0 + j0 * n
-            if n:
+            if n and j1 - j0 >= _VECTOR_STEPS:   # the same operations elementwise; cumsum adds in order
+                dts = ((w + kv * np.arange(c, c + (j1 - j0) * n, n, dtype=np.int64)) * ms + extra) + shared
+                run = np.cumsum(np.concatenate(([t], dts)))[1:].tolist()
+                ends += run
+                t = run[-1]
+            elif n:
                 for c in range(c, c + (j1 - j0) * n, n):   # kv * int == kv * float(int) below 2**53
                     t += ((w + kv * c) * ms + extra) + shared
                     append(t)
@@ -249,6 +286,9 @@ class RooflineCostModel:
                               start: float) -> list[float]:
         times = self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
         return np.cumsum(np.concatenate(([start], times)))[1:].tolist()
+
+_VECTOR_STEPS = 64   # a span segment at least this long is computed with numpy (per-call cost ~ 60 steps)
+
 
 def _upper_envelope(seqs: list[int], ctx: list[int], steps: int) -> list[tuple[int, int, int, int]]:
     """The most context on any rank at each step j < steps (rank r holds ctx[r] + j * seqs[r]), as

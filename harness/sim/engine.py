@@ -137,6 +137,7 @@ class SimEngine:
         # numpy-free decode times where the cost model has them (the same bits; see roofline.py)
         self._decode_step_time = getattr(self.cost, "decode_step_time", None)
         self._decode_span_ends = getattr(self.cost, "decode_span_ends", None)
+        self._mixed_step_time = getattr(self.cost, "mixed_step_time", None)
         cap = self.cost.kv_capacity_tokens(self.cfg.memory_fraction, self.cfg.activation_reserve_bytes)
         if cap <= 0:
             raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
@@ -401,8 +402,10 @@ class SimEngine:
                 if tokens:
                     prefill.append((len(chunks), tokens, attn_ctx, kv_read, requests))
             chunks.append(rank_chunks)
-        if prefill:
-            batches = [RankBatch(n, c, 0, 0.0, 0, n) for n, c in zip(seqs, ctx)]
+        if prefill and self._mixed_step_time is not None:
+            dt = self._mixed_step_time(seqs, ctx, prefill, graph)
+        elif prefill:
+            batches = [RankBatch(decode_seqs=n, decode_ctx=c, requests=n) for n, c in zip(seqs, ctx)]
             for i, tokens, attn_ctx, kv_read, requests in prefill:
                 b = batches[i]
                 b.prefill_tokens, b.prefill_attn_ctx, b.prefill_kv_read, b.requests = tokens, attn_ctx, kv_read, requests

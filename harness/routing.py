@@ -8,6 +8,9 @@ from __future__ import annotations
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 
 
+_PREFILL_END, _DECODE_END, _TRAJECTORY_END = EventKind.PREFILL_END, EventKind.DECODE_END, EventKind.TRAJECTORY_END
+
+
 class PrefixTracker:
     """The engine that last prefilled and the engine that last decoded each trajectory."""
 
@@ -16,11 +19,12 @@ class PrefixTracker:
         self.decode_engine: dict[int, int] = {}
 
     def observe(self, e: LifecycleEvent) -> None:
-        if e.kind == EventKind.PREFILL_END:
+        kind = e.kind   # (module constants: this runs for every lifecycle event)
+        if kind == _PREFILL_END:
             self.prefill_engine[e.trajectory_id] = e.engine_id
-        elif e.kind == EventKind.DECODE_END:
+        elif kind == _DECODE_END:
             self.decode_engine[e.trajectory_id] = e.engine_id
-        elif e.kind == EventKind.TRAJECTORY_END:
+        elif kind == _TRAJECTORY_END:
             self.prefill_engine.pop(e.trajectory_id, None)
             self.decode_engine.pop(e.trajectory_id, None)
 
@@ -39,12 +43,16 @@ def decode_load(e: EngineState) -> tuple:
 class EngineList(list):
     """A `with_role` answer from a backend that indexes its engines (the simulator): a list of
     EngineState that can also say where an engine is in it and which is least loaded without a scan,
-    so routing on a large cluster does not cost O(engines). Any change to the list drops the index."""
+    so routing on a large cluster does not cost O(engines). Any change to the list drops the index.
+    `lookup`: position(engine_id) -> int | None and least(load, gen) -> EngineState | None."""
 
-    def __init__(self, engines=(), lookup=None, gen: int = 0) -> None:
-        super().__init__(engines)
-        self.lookup = lookup    # position(engine_id) -> int | None; least(load, gen) -> EngineState | None
-        self.gen = gen
+    __slots__ = ("lookup", "gen")
+
+    @classmethod
+    def indexed(cls, engines, lookup, gen: int) -> EngineList:
+        out = cls(engines)
+        out.lookup, out.gen = lookup, gen
+        return out
 
 
 def _dropping_index(name: str):
@@ -66,7 +74,7 @@ def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineSt
     """The preferred engine if it is a candidate (it holds the prefix), else the least loaded."""
     if not candidates:
         return None
-    lookup = candidates.lookup if type(candidates) is EngineList else None
+    lookup = getattr(candidates, "lookup", None) if type(candidates) is EngineList else None
     if lookup is not None:   # the same answer as the scans below, from the backend's index
         i = lookup.position(preferred)
         if i is not None:

@@ -161,7 +161,9 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     for tmp in out.glob("*.tmp"):
         tmp.unlink(missing_ok=True)
     logger = make_logger(logger_cfg, OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
-    sampler.listeners += [logger.log_sample, ProgressPrinter(run_name, float(cfg.progress_interval_s))]
+    progress = ProgressPrinter(progress_label(policy, workload, mode, cluster, cfg.seed), float(cfg.progress_interval_s),
+                               per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
+    sampler.listeners += [logger.log_sample, progress]
     failed = True
     try:
         sampler.start()
@@ -248,6 +250,11 @@ def is_config_error(exc: BaseException) -> bool:
     """A bad key or value (one line naming it is the whole story) rather than a fault in the code (whose
     traceback is printed): validation errors, Hydra's wrapping of them, OmegaConf's missing keys."""
     return any(isinstance(e, (ValueError, OmegaConfBaseException)) for e in (exc, exc.__cause__))
+
+
+def progress_label(policy, workload, mode: ModeConfig, cluster: ClusterConfig, seed) -> str:
+    """What a progress line says the run is: a few words at any size (not every override)."""
+    return f"{policy.name} {workload.name} {mode.name} {cluster.name} seed {seed}"
 
 
 def clip_timeline(rows: list[dict], end: float) -> list[dict]:

@@ -97,6 +97,8 @@ class ProgressPrinter:
 
     label: str
     interval_s: float
+    per_step: int = 0               # sync RL: trajectories per step, to say which step runs (0: async)
+    num_steps: int = 0
     _last: float = field(default_factory=time.perf_counter)
     _start: float = field(default_factory=time.perf_counter)
 
@@ -105,5 +107,8 @@ class ProgressPrinter:
         if now - self._last < self.interval_s:
             return
         self._last = now
-        print(f"[{self.label}] simulated {s.t_s:,.1f} s, trajectories {s.completed_trajectories}/"
+        step = ""
+        if self.per_step:
+            step = f"step {min(s.completed_trajectories // self.per_step + 1, self.num_steps)}/{self.num_steps}, "
+        print(f"[{self.label}] {step}simulated {s.t_s:,.1f} s, trajectories {s.completed_trajectories}/"
               f"{s.total_trajectories}, wall {now - self._start:,.1f} s", flush=True)

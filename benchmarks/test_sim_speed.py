@@ -1,33 +1,73 @@
-"""Simulator speed: one synchronous RL step of 1024 trajectories x ~20 turns on a 64-GPU cluster.
+"""Simulator speed: one synchronous RL step of ~20-turn trajectories, 1,024 of them on 64 H200 (16
+engines of 4 GPUs) and 16,384 on 1,024 H200 (256 engines, the same shape 16 times wider).
 
-Reported, never asserted against wall time: pytest-benchmark prints the wall time, and
-`extra_info` carries simulated events per second and simulated tokens per wall second.
-Run: `.venv/bin/python -m pytest benchmarks -q --benchmark-enable`.
+Reported, never asserted against wall time. Each round times `driver.run()` on a fresh rollout (what
+summary.json's `wall_time_s` measures); `extra_info` has turns and simulated events per wall second,
+microseconds per turn (the cost per turn should not grow with the cluster) and the peak RSS.
+Run: `.venv/bin/python -m pytest benchmarks -q --benchmark-enable --benchmark-autosave`; the 1,024-GPU
+case (about a minute, one round) is marked `large` and left out unless asked for: add `-m large`.
 """
-import time
+from __future__ import annotations
+
+import resource
 
 import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
-from tests.conftest import simulate
+from harness.cluster import cluster_from_config
+from harness.experiment import build_backend, run_info
+from harness.rollout import ModeConfig, RolloutDriver
+from tests.conftest import load_config
 
 BIG = ["cluster=moe_h200", "cluster.num_engines=16", "mode=sync", "mode.num_steps=1",
        "workload.batch_size=128", "workload.group_size=8", "workload.turns_median=20", "workload.turns_sigma=0.2",
        "workload.group_sigma=0.1", "workload.max_turns=30", "workload.tool_output_median=400",
        "workload.output_median=200", "workload.prompt_median=1000"]
+WIDE = ["cluster.num_engines=256", "workload.batch_size=2048"]   # 1,024 GPUs, 16,384 trajectories
+POLICIES = {"colocate": ["policy=colocate"], "fixed_pd": ["policy=fixed_pd", "policy.num_prefill=6"]}
 
 
-@pytest.mark.parametrize("policy", ["policy=colocate", "policy=fixed_pd"])
+def rollout(overrides: list[str]) -> tuple[RolloutDriver, object]:
+    """A fresh driver and simulator for `overrides`, built outside the timed part."""
+    cfg = load_config(overrides)
+    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    workload = instantiate(cfg.workload, seed=cfg.seed)
+    policy = instantiate(cfg.policy)
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
+    return RolloutDriver(workload, policy, backend, mode), backend
+
+
+def run_benchmark(benchmark, overrides: list[str], rounds: int):
+    backends = []
+
+    def setup():
+        driver, backend = rollout(overrides)
+        backends.append(backend)
+        return (driver,), {}
+
+    result = benchmark.pedantic(lambda driver: driver.run(), setup=setup, rounds=rounds, iterations=1)
+    turns, events = len(result.records), backends[-1].loop.events_processed
+    info = {"trajectories": len(result.scripts), "turns": turns, "events": events,
+            "simulated_s": result.rollout_time_s, "gpus": backends[-1].cluster.num_gpus,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if benchmark.stats:   # none under --benchmark-disable
+        wall = benchmark.stats.stats.min
+        info.update(wall_s=wall, turns_per_s=turns / wall, events_per_s=events / wall, us_per_turn=wall / turns * 1e6)
+    benchmark.extra_info.update(info)
+    return result
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_one_rl_step_1024_trajectories_64_gpus(benchmark, policy):
-    def once():
-        t0 = time.perf_counter()
-        result, df, backend = simulate(BIG + [policy, "policy.num_prefill=6"] if "fixed" in policy else BIG + [policy])
-        return result, df, backend, time.perf_counter() - t0
-
-    result, df, backend, wall = benchmark.pedantic(once, rounds=1, iterations=1)
-    tokens = int(df.new_tokens.sum() + df.output_tokens.sum())
-    benchmark.extra_info.update({
-        "trajectories": len(result.scripts), "turns": len(df), "events": backend.loop.events_processed,
-        "events_per_s": backend.loop.events_processed / wall, "sim_tokens_per_wall_s": tokens / wall,
-        "simulated_s": result.rollout_time_s})
+    result = run_benchmark(benchmark, BIG + POLICIES[policy], rounds=3)
     assert len(result.scripts) == 1024
-    assert df.turn.groupby(df.trajectory_id).size().mean() > 15
+    assert len(result.records) / len(result.scripts) > 15
+
+
+@pytest.mark.large
+def test_one_rl_step_16384_trajectories_1024_gpus(benchmark):
+    result = run_benchmark(benchmark, BIG + WIDE + POLICIES["colocate"], rounds=1)
+    assert len(result.scripts) == 16384
+    assert len(result.records) / len(result.scripts) > 15

@@ -147,6 +147,33 @@ def engines(roles, decoding=None, waiting=None, target=None):
         for i, (r, d, w, t) in enumerate(zip(roles, decoding, waiting, target))])
 
 
+class ScriptedWhatIf:
+    """A performance model that predicts given scores per number of prefill engines (a test double
+    for the planner's decision rule; the simulator-backed model is tested above)."""
+
+    def __init__(self, by_split):
+        self.by_split = by_split
+
+    def run(self, futures, roles_now, roles, new=(), max_in_flight=0):
+        from harness.prorsa.whatif import Outcome
+        split = sum(r == Role.PREFILL for r in roles) or COLOCATED
+        score = self.by_split[split]
+        return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
+
+
+def test_planner_takes_the_nearest_of_equally_good_splits():
+    """From 2P6D: 3P5D (80) and 6P2D (79) are within 5% of each other, both far better than staying
+    (100): the planner moves one engine (3P5D), not four. With staying among the near-best it stays."""
+    cluster = cluster_of(HEAVY + ["cluster.num_engines=8"])
+    scores = {COLOCATED: 200, 1: 300, 2: 100, 3: 80, 4: 90, 5: 85, 6: 79, 7: 150}
+    planner = Planner(cluster, ScriptedWhatIf(scores), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    view = engines([Role.PREFILL] * 2 + [Role.DECODE] * 6)
+    d = planner.decide(view, 2, [], [], 8)
+    assert d.switch and d.split == 3 and sum(r == Role.PREFILL for r in d.roles.values()) == 3
+    planner.whatif = ScriptedWhatIf({**scores, 2: 82})
+    assert not planner.decide(view, 2, [], [], 8).switch
+
+
 def test_switcher_moves_the_cheapest_engines_to_drain():
     P, D, C = Role.PREFILL, Role.DECODE, Role.COLOCATED
     view = engines([P, D, D, D], decoding=[0, 9, 2, 5])

@@ -4,11 +4,13 @@ Candidates are colocation (if allowed) and every P:D split, each reached from th
 moving the fewest, cheapest-to-drain engines (switcher.py). Each runs on the same sampled futures
 (whatif.py) and is scored by when its work ends: in sync RL the step ends with its slowest
 trajectory, so the score is the predicted completion of the step's trajectories (the critical path);
-in async RL it is the completion of the live trajectories plus the next `max_in_flight` to start (a
+in async RL it is the mean end of the live trajectories plus the next `max_in_flight` to start (a
 rolling phase). The what-if run of a switch includes its whole price under the cluster's switch
 mechanism (drain, switch time, lost prefix cache, resharding), so a switch is taken when the best
 candidate beats staying by more than `hysteresis` (a share of the current prediction: sampling
-noise, not a cost).
+noise, not a cost). Async uses the mean end, not the last: async RL wants throughput, and the last
+end of a rolling set is one long trajectory's chain of turns and tool calls, which barely depends on
+the allocation (every split that keeps up with the work ties on it).
 """
 from __future__ import annotations
 
@@ -65,16 +67,20 @@ class Decision:
     split: int                          # COLOCATED or the number of prefill engines
     roles: dict[int, Role]
     switch: bool
-    scores: dict[int, float]            # split -> predicted completion (s from now)
+    scores: dict[int, float]            # split -> predicted score (s from now): sync completion, async mean end
     current: Outcome                    # the what-if under the present allocation (the forecast)
 
 
 class Planner:
     def __init__(self, cluster: ClusterConfig, whatif: WhatIf, hysteresis: float, allow_colocated: bool,
-                 max_candidates: int):
-        self.cluster, self.whatif = cluster, whatif
+                 max_candidates: int, mode: str = "sync"):
+        self.cluster, self.whatif, self.mode = cluster, whatif, mode
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates = max_candidates
+
+    def score(self, outcome: Outcome) -> float:
+        """Sync: the step's end (its slowest trajectory); async: the mean end of the rolling set."""
+        return outcome.completion_s if self.mode == "sync" else outcome.mean_end_s
 
     def candidates(self, current: int) -> list[int]:
         """Colocation and the splits; on big clusters the ones near the present split and a coarse grid."""
@@ -96,8 +102,13 @@ class Planner:
             roles_of[split] = roles
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
                                               new, max_in_flight)
-        scores = {k: o.completion_s for k, o in outcomes.items()}
-        best = min(scores, key=lambda k: (scores[k], outcomes[k].mean_turn_latency_s, k != current, k))
+        scores = {k: self.score(o) for k, o in outcomes.items()}
+        moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}
+        top = min(scores.values())
+        # candidates within the sampling noise of the best are equally good: take the one that moves
+        # the fewest engines (staying, if it is among them)
+        near = [k for k in scores if scores[k] <= top * (1 + self.hysteresis)]
+        best = min(near, key=lambda k: (moved[k], scores[k], k))
         switch = best != current and scores[best] < scores[current] * (1 - self.hysteresis)
         chosen = best if switch else current
         return Decision(chosen, roles_of[chosen], switch, scores, outcomes[current])
@@ -109,6 +120,6 @@ class Planner:
         scores = {}
         for split in self.candidates(COLOCATED if self.allow_colocated else 1):
             roles = roles_for(split, n)
-            scores[split] = float(np.mean([self.whatif.run([], roles, roles, new, max_in_flight).completion_s
+            scores[split] = float(np.mean([self.score(self.whatif.run([], roles, roles, new, max_in_flight))
                                            for new in samples]))
         return min(scores, key=lambda k: (scores[k], k)), scores

@@ -8,8 +8,8 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
      call, every later turn -- and, in async RL, the trajectories that will start (whatif.py);
   -> run the simulator forward from the present under colocation and every P:D split, each reached
      from the present roles by moving the fewest engines, switch costs included (planner.py);
-  -> switch when the best candidate ends the phase (sync: the step's last trajectory; async: the live
-     trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying, and not
+  -> switch when the best candidate ends the phase (sync: the step's last trajectory; async: the mean
+     end of the live trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying, and not
      sooner than `min_dwell_s` after the last switch.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
@@ -81,7 +81,8 @@ class Prorsa:
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         self.run, self.cluster = run, cluster
         whatif = WhatIf(cluster, self.bins, self.horizon_s / self.bins)
-        self.planner = Planner(cluster, whatif, self.hysteresis, self.allow_colocated, self.max_candidates)
+        self.planner = Planner(cluster, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
+                               run.mode)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
         self.families = sorted(run.priors)
         decode = cost_model(cluster, Role.DECODE)   # time per token before any is observed: a batch of 32

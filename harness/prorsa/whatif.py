@@ -56,6 +56,7 @@ class Outcome:
     """What the simulator predicts for one allocation."""
 
     completion_s: float                 # when the last of the trajectories ends, from now
+    mean_end_s: float                   # the trajectories' mean end, from now (a throughput measure)
     mean_turn_latency_s: float
     ends: list[float]                   # each trajectory's end, from now
     prefill_tokens: np.ndarray          # per bin: tokens of prompts that become ready
@@ -246,7 +247,7 @@ class WhatIf:
         for a, b in run.decode_spans:
             decode += (mids >= a) & (mids < b)
         ends = run.ends
-        return Outcome(completion_s=max(ends, default=0.0),
+        return Outcome(completion_s=max(ends, default=0.0), mean_end_s=float(np.mean(ends)) if ends else 0.0,
                        mean_turn_latency_s=float(np.mean(run.latencies)) if run.latencies else 0.0,
                        ends=ends, prefill_tokens=run.prefill, decode_seqs=decode)
 

@@ -8,7 +8,9 @@ the past, never a trajectory's future (the oracle baseline is the one named exce
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
@@ -123,10 +125,24 @@ class ClusterView:
 
 @dataclass(frozen=True)
 class LogNormalPrior:
-    """A positive quantity's prior belief: lognormal with this median and log-space sigma."""
+    """A positive quantity's prior belief: lognormal with this median and log-space sigma, cut at the
+    recipe's cap `high`. A mixture (e.g. fast local tools and slow test suites) keeps its components
+    in `parts` (weight, prior); `median` and `sigma` then stand for the whole as one lognormal."""
 
     median: float
     sigma: float
+    high: float = math.inf
+    parts: tuple[tuple[float, LogNormalPrior], ...] = ()
+
+    def quantiles(self, n: int) -> list[float]:
+        """`n` evenly spaced quantile points, sorted (a mixture: each part's share of them)."""
+        if self.parts:
+            total = sum(w for w, _ in self.parts)
+            points = [x for w, p in self.parts for x in p.quantiles(max(1, round(n * w / total)))]
+            return sorted(points)
+        normal = NormalDist()
+        return [min(self.median * math.exp(self.sigma * normal.inv_cdf((i + 0.5) / n)), self.high)
+                for i in range(n)]
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ Per RL step, for each of the B prompts (a GRPO group of G samples):
 The context cap ends a trajectory as agent frameworks do: the turn that reaches it has its output
 cut to fit, and no turn's prompt + output exceeds the cap.
 
-`priors()` gives a policy the configured distributions at step 0 (no drift, caps left out). Turns
-and tool latency are mixtures of modes; their prior is the lognormal with the mixture's median and
-the spread of its log values (workloads.base.lognormal_mixture), so e.g. tooluse's 20% of 3-s
-user-simulator calls widen the 5-ms local-tool prior instead of being dropped.
+`priors()` gives a policy the configured distributions at step 0 (no drift), caps included. Turns
+and tool latency are mixtures of modes; their prior keeps the components (e.g. tooluse's 20% of 3-s
+user-simulator calls beside the 5-ms local tools) and, for models that take one lognormal, the
+mixture's median and the spread of its log values (workloads.base.lognormal_mixture).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ to a policy: cold-start priors per task family (`priors()`, harness.api.FamilyPr
 Also the small distribution types every generator's config is made of, so a YAML reads the same
 across families: a `LogNormal` (median, sigma, optional cap) and a `Mode` (one weighted component
 of a mixture, e.g. successful vs failed SWE trajectories, local tools vs an LLM user simulator).
-A prior is one lognormal per quantity; a mixture of modes is stood in for by `lognormal_mixture`.
+A prior is a lognormal per quantity with its cap; a mixture of modes keeps its components.
 """
 from __future__ import annotations
 
@@ -71,8 +71,7 @@ class LogNormal:
 
     @property
     def prior(self) -> LogNormalPrior:
-        """As a prior; the cap is left out (it cuts only the far tail)."""
-        return LogNormalPrior(float(self.median), float(self.sigma))
+        return LogNormalPrior(float(self.median), float(self.sigma), float(self.high))
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,13 @@ def modes_from_config(value, where: str) -> tuple[Mode, ...]:
 
 
 def mixture_prior(modes: tuple[Mode, ...]) -> LogNormalPrior:
-    """The modes' mixture as a prior (lognormal_mixture); each mode's cap is left out."""
-    return lognormal_mixture((m.weight, LogNormalPrior(float(m.median), float(m.sigma))) for m in modes)
+    """The modes' mixture as a prior: its components (with their caps) in `parts`, and one lognormal
+    standing in for the whole (lognormal_mixture) for models that take a single one."""
+    parts = tuple((float(m.weight), m.dist.prior) for m in modes if m.weight > 0)
+    if len(parts) == 1:
+        return parts[0][1]
+    whole = lognormal_mixture(parts)
+    return LogNormalPrior(whole.median, whole.sigma, parts=parts)
 
 
 def lognormal_mixture(parts: Iterable[tuple[float, LogNormalPrior]]) -> LogNormalPrior:

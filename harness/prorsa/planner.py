@@ -15,7 +15,6 @@ the allocation (every split that keeps up with the work ties on it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
@@ -27,12 +26,11 @@ from harness.prorsa.tracker import LifecycleTracker
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
 
 PRIOR_POINTS = 199
-_Z = np.array([NormalDist().inv_cdf((i + 1) / (PRIOR_POINTS + 1)) for i in range(PRIOR_POINTS)])
 
 
 def prior_samples(prior: LogNormalPrior) -> np.ndarray:
-    """A lognormal prior as sorted quantile points."""
-    return prior.median * np.exp(prior.sigma * _Z)
+    """A prior (mixture parts and cap included) as sorted quantile points."""
+    return np.asarray(prior.quantiles(PRIOR_POINTS))
 
 
 def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int, now: float,

@@ -154,13 +154,16 @@ class Prorsa:
         return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot())
 
     def _new(self, sampler: FutureSampler, rng) -> list[FutureTrajectory]:
-        """Async: the next `max_in_flight` trajectories to start, in the family mix of the newest
-        `mix_window` starts (the mix can change during a run), the workload's step-0 mix before."""
+        """Async: the next `max_in_flight` trajectories to start (fewer when the run has fewer left:
+        num_steps x trajectories_per_step in all), in the family mix of the newest `mix_window` starts
+        (the mix can change during a run), the workload's step-0 mix before."""
         recent = list(self.tracker.start_families)[-self.mix_window:]
         weights = self.weights
         if len(recent) >= self.mix_window:
             weights = [recent.count(f) for f in self.families]
-        return sampler.new(self.families, weights, self.run.max_in_flight, -1 - self.run.max_in_flight, rng)
+        left = self.run.num_steps * self.run.trajectories_per_step - self.tracker.started
+        count = max(min(self.run.max_in_flight, left), 0)
+        return sampler.new(self.families, weights, count, -1 - count, rng)
 
     def _initial_split(self) -> int:
         """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples` draws)."""

@@ -96,3 +96,30 @@ def test_the_simulator_builds_the_same_lifecycle_events():
     b = _event(EventKind.PREEMPTED, 1.5, 3, 4, 5, 6, 7)
     assert type(b) is LifecycleEvent and a == b and hash(a) == hash(b) and repr(a) == repr(b)
     assert a.__dict__ == b.__dict__ and list(a.__dict__) == list(b.__dict__)
+
+
+@pytest.mark.parametrize("case", ["fixed_pd-tight", "colocate-tight", "switch-drain-sglang", "switch-reshard"])
+def test_engine_bookkeeping_matches_the_queues_and_caches(small, case, monkeypatch):
+    """What the engines keep to avoid looking into their queues and caches (each trajectory's prefix
+    holders, each rank's earliest finish) always matches them."""
+    from harness.sim.engine import _NO_FINISH, SimEngine
+    step = SimEngine._step
+    checked = []
+
+    def checked_step(engine):
+        holders = {}
+        for i, r in enumerate(engine.ranks):
+            for tid in r.cache:
+                holders[tid] = holders.get(tid, 0) | (1 << i)
+            live = [f for f, seq, s in r.finish_heap if s.state == "decoding" and r.running.get(seq) is s]
+            assert r.next_finish is None or r.next_finish == min(live, default=_NO_FINISH)
+            assert r.holders is engine.ranks[0].holders
+        assert engine.ranks[0].holders == holders
+        checked.append(engine.id)
+        step(engine)
+
+    monkeypatch.setattr(SimEngine, "_step", checked_step)
+    extra, policy = CASES[case]
+    result, df, _ = simulate(small + extra, policy=policy() if policy else None)
+    assert len(checked) > 50
+    assert "tight" not in case or df.preemptions.sum() > 0

@@ -131,7 +131,7 @@ class SimBackend:
             # Nothing drains: the engine keeps what it runs and queues; only the router changes.
             e.switching = True
             self.timeline.enter(e.id, self.loop.now, e.role, "switching")
-            self.loop.at(self.loop.now + self.cluster.router_update_s, partial(self._switch_done, e, False))
+            self.loop.at_engine(self.loop.now + self.cluster.router_update_s, partial(self._switch_done, e, False))
             return
         self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         for leg in e.take_waiting():
@@ -235,7 +235,7 @@ class SimBackend:
         end = start + self.cluster.kv_transfer_setup_s + tokens * self.cluster.model.kv_bytes_per_token / self._nic_bw
         self._nic_free[p] = self._nic_free[d] = end
 
-        self.loop.at(end, partial(self._arrived, s, tokens))
+        self.loop.at_engine(end, partial(self._arrived, s, tokens))
 
     def _arrived(self, s: SimRequest, tokens: int) -> None:
         r = s.request
@@ -256,7 +256,7 @@ class SimBackend:
         reshard = self.cluster.switch_mechanism == "reshard" and par != e.par
         delay = self.cluster.reshard_switch_time_s if reshard else self.cluster.switch_time_s
         self.timeline.enter(e.id, self.loop.now, e.role, "switching")
-        self.loop.at(self.loop.now + delay, partial(self._switch_done, e, reshard))
+        self.loop.at_engine(self.loop.now + delay, partial(self._switch_done, e, reshard))
 
     def _switch_done(self, e: SimEngine, reshard: bool) -> None:
         old, role = e.role, e.target_role

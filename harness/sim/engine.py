@@ -58,6 +58,9 @@ class SimRequest:
         return self.request.trajectory_id
 
 
+_NO_FINISH = 1 << 62   # Rank.next_finish when nothing decodes
+
+
 @dataclass(slots=True)
 class Rank:
     capacity: int
@@ -75,6 +78,13 @@ class Rank:
     ready: list = field(default_factory=list)        # KV arrived, joins the batch next step
     pending_prefill: int = 0        # tokens still to prefill, waiting and running requests
     waiting_kv: int = 0             # prompt tokens of the waiting requests
+    # The earliest finish clock of a decoding request (None: to be found in finish_heap, whose top
+    # may be a preempted request's stale entry); kept so a step need not look into the heap.
+    next_finish: int | None = _NO_FINISH
+    # Which ranks of the engine cache each trajectory's prefix (trajectory_id -> bit mask of rank
+    # indices), shared by the engine's ranks, so a leg finds its rank without probing every cache.
+    holders: dict = field(default_factory=dict)
+    bit: int = 1                    # this rank's bit in `holders`
 
     @property
     def free(self) -> int:
@@ -88,14 +98,57 @@ class Rank:
 
     def evict_until(self, need: int) -> bool:
         while self.free < need and self.cache:
-            _, tokens = self.cache.popitem(last=False)
+            tid, tokens = self.cache.popitem(last=False)
             self.cache_tokens -= tokens
+            self._forget(tid)
         return self.free >= need
 
     def cache_put(self, trajectory_id: int, tokens: int) -> None:
         old = self.cache.pop(trajectory_id, 0)
         self.cache_tokens += tokens - old
         self.cache[trajectory_id] = tokens
+        self.holders[trajectory_id] = self.holders.get(trajectory_id, 0) | self.bit
+
+    def cache_take(self, trajectory_id: int) -> int:
+        """Remove the trajectory's cached prefix; its tokens (0 if none)."""
+        hit = self.cache.pop(trajectory_id, None)
+        if hit is None:
+            return 0
+        self.cache_tokens -= hit
+        self._forget(trajectory_id)
+        return hit
+
+    def cache_put_back(self, trajectory_id: int, tokens: int) -> None:
+        """Undo `cache_take` (admission could not get memory): the prefix returns, first to evict."""
+        self.cache[trajectory_id] = tokens
+        self.cache.move_to_end(trajectory_id, last=False)
+        self.cache_tokens += tokens
+        self.holders[trajectory_id] = self.holders.get(trajectory_id, 0) | self.bit
+
+    def cache_clear(self) -> None:
+        for tid in self.cache:
+            self._forget(tid)
+        self.cache.clear()
+        self.cache_tokens = 0
+
+    def _forget(self, trajectory_id: int) -> None:
+        mask = self.holders[trajectory_id] & ~self.bit
+        if mask:
+            self.holders[trajectory_id] = mask
+        else:
+            del self.holders[trajectory_id]
+
+    def finish_clock(self) -> int:
+        """The earliest finish clock of a decoding request (_NO_FINISH if none)."""
+        if self.next_finish is None:
+            heap = self.finish_heap
+            while heap:   # drop stale entries of preempted requests
+                _, seq, s = heap[0]
+                if s.state == "decoding" and self.running.get(seq) is s:
+                    break
+                heapq.heappop(heap)
+            self.next_finish = heap[0][0] if heap else _NO_FINISH
+        return self.next_finish
 
 
 @dataclass
@@ -143,13 +196,13 @@ class SimEngine:
             raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
                              f"on a {self.backend.gpu.name} rank (tp={self.par.tp}, dp={self.par.dp}, "
                              f"ep={self.par.ep}); use more GPUs per engine or a larger GPU")
-        self.ranks = [Rank(capacity=cap) for _ in range(self.par.dp)]
+        holders: dict[int, int] = {}
+        self.ranks = [Rank(capacity=cap, holders=holders, bit=1 << i) for i in range(self.par.dp)]
         self.backend.mark_stale(self)
 
     def clear_prefix_cache(self) -> None:
         for r in self.ranks:
-            r.cache.clear()
-            r.cache_tokens = 0
+            r.cache_clear()
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -158,13 +211,11 @@ class SimEngine:
     # --- intake -------------------------------------------------------------------------------
     def enqueue(self, s: SimRequest) -> None:
         """A leg arrives: pick the rank holding its prefix, else the least loaded one."""
-        tid = s.trajectory_id
-        best = None
-        for i, r in enumerate(self.ranks):
-            if tid in r.cache:
-                best = i
-                break
-        if best is None:
+        tid = s.request.trajectory_id
+        mask = self.ranks[0].holders.get(tid)
+        if mask:   # the first rank holding it
+            best = (mask & -mask).bit_length() - 1
+        else:
             best = min(range(len(self.ranks)), key=lambda i: (self.ranks[i].kv_used + self.ranks[i].waiting_kv, i))
         s.rank = best
         need = s.request.prompt_tokens if s.kind == DECODE else s.target
@@ -189,11 +240,11 @@ class SimEngine:
             if i < len(self._span) - 1:
                 self._span = self._span[: i + 1]
                 self._version += 1
-                loop.at(self._span[-1], partial(self._end_span, self._version))
+                loop.at_engine(self._span[-1], partial(self._end_span, self._version))
             return
         if not self._busy and not self._pending_wake:
             self._pending_wake = True
-            loop.at(loop.now, self._step)
+            loop.at_engine(loop.now, self._step)
 
     def take_waiting(self) -> list[SimRequest]:
         """Hand back the legs not yet admitted that a router may send elsewhere (role switch)."""
@@ -219,9 +270,8 @@ class SimEngine:
     def _admit(self, r: Rank) -> None:
         while r.waiting and len(r.running) < self.cfg.max_num_seqs:
             s = r.waiting[0]
-            tid = s.trajectory_id
-            hit = r.cache.pop(tid, 0)
-            r.cache_tokens -= hit
+            tid = s.request.trajectory_id
+            hit = r.cache_take(tid)
             if s.kind == DECODE and not s.recompute:
                 need = s.request.prompt_tokens
                 local = min(hit, need)
@@ -230,9 +280,7 @@ class SimEngine:
                 local = min(hit, need - 1)
             if not r.evict_until(need - local):
                 if hit:
-                    r.cache[tid] = hit
-                    r.cache.move_to_end(tid, last=False)
-                    r.cache_tokens += hit
+                    r.cache_put_back(tid, hit)
                 return
             r.waiting.popleft()
             r.waiting_kv -= need
@@ -266,7 +314,10 @@ class SimEngine:
         r.decode_ctx += s.kv_held
         if generated == 0:
             r.first_token_due.append(s)
-        heapq.heappush(r.finish_heap, (r.decode_clock + s.request.output_tokens - generated, s.admit_seq, s))
+        finish = r.decode_clock + s.request.output_tokens - generated
+        heapq.heappush(r.finish_heap, (finish, s.admit_seq, s))
+        if r.next_finish is not None and finish < r.next_finish:
+            r.next_finish = finish
 
     # --- memory pressure ----------------------------------------------------------------------
     def _preempt(self, r: Rank, s: SimRequest) -> None:
@@ -277,6 +328,7 @@ class SimEngine:
         recomputed = dropped + (1 if s.state == "decoding" else 0)
         if s.state == "decoding":
             s.generated = r.generated(s)
+            r.next_finish = None    # its heap entry is stale now
             r.decode_n -= 1
             r.decode_ctx -= held
             if s in r.first_token_due:
@@ -360,14 +412,8 @@ class SimEngine:
                 if r.first_token_due or r.prefilling or (r.waiting and len(r.running) < max_seqs):
                     span = False   # (a waiting head blocked only by memory stays blocked: spans free none)
                 elif n:
-                    heap = r.finish_heap
-                    while True:   # drop stale entries of preempted requests
-                        _, seq, s = heap[0]
-                        if s.state == "decoding" and r.running.get(seq) is s:
-                            break
-                        heapq.heappop(heap)
                     # this step's slots are reserved; later steps may use free memory and the cache
-                    k = heap[0][0] - r.decode_clock
+                    k = (r.next_finish if r.next_finish is not None else r.finish_clock()) - r.decode_clock
                     k2 = 1 + (r.capacity - r.kv_used) // n
                     if k2 < k:
                         k = k2
@@ -421,7 +467,7 @@ class SimEngine:
         self.busy_s += dt
         self._version += 1
         loop = self.backend.loop
-        loop.at(loop.now + dt, partial(self._end_step, self._version, chunks, decoding))
+        loop.at_engine(loop.now + dt, partial(self._end_step, self._version, chunks, decoding))
 
     def _start_span(self, steps: int, seqs: list[int], ctx: list[int], graph: bool) -> None:
         """Advance `steps` decode-only steps as one event (every rank decodes: none prefills)."""
@@ -434,7 +480,7 @@ class SimEngine:
         self._span_start = now
         self._busy = True
         self._version += 1
-        self.backend.loop.at(self._span[-1], partial(self._end_span, self._version))
+        self.backend.loop.at_engine(self._span[-1], partial(self._end_span, self._version))
 
     def _end_span(self, version: int) -> None:
         if version != self._version:
@@ -454,7 +500,7 @@ class SimEngine:
             r.kv_used += (steps - 1) * n
             if r.capacity - r.kv_used - r.cache_tokens < 0:
                 r.evict_until(0)
-            if r.finish_heap[0][0] <= r.decode_clock:
+            if r.next_finish is None or r.next_finish <= r.decode_clock:
                 self._finish_decodes(r)
         self._busy = False
         self._step()
@@ -473,7 +519,7 @@ class SimEngine:
                     for s in r.first_token_due:
                         emit(EventKind.FIRST_TOKEN, s, self.id)
                     r.first_token_due.clear()
-                if r.finish_heap[0][0] <= r.decode_clock:
+                if r.next_finish is None or r.next_finish <= r.decode_clock:
                     self._finish_decodes(r)
             for s, c in rank_chunks:
                 if s.state != "prefilling":
@@ -508,6 +554,7 @@ class SimEngine:
 
     def _finish_decodes(self, r: Rank) -> None:
         heap = r.finish_heap
+        r.next_finish = None
         while heap and heap[0][0] <= r.decode_clock:
             _, seq, s = heapq.heappop(heap)
             if s.state != "decoding" or r.running.get(seq) is not s:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ SUMMARY_ROWS = [("policy", "{}"), ("workload", "{}"), ("mode", "{}"), ("cluster"
                 ("efficiency_vs_lower_bound", "{:.2f}"), ("throughput_traj_per_s", "{:.3f}"),
                 ("turn_latency_p50_s", "{:.2f}"), ("turn_latency_p99_s", "{:.2f}"), ("num_role_switches", "{}"),
                 ("preemptions", "{}"), ("wall_time_s", "{:.2f}")]
+log = logging.getLogger(__name__)
+
 BASELINE = "colocate"
 ROW_KEYS = ["workload", "mode", "cluster", "setting"]
 # Config keys that never distinguish two runs' results (or are reported as their own column).
@@ -143,10 +146,30 @@ def best_fixed(per_seed: pd.DataFrame) -> pd.DataFrame:
     return best.assign(policy="best_fixed")
 
 
+def hindsight_best(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """The `hindsight_best` row: the fastest static allocation (colocation or any fixed split) on the
+    same row and seed, chosen in hindsight; what an allocator that never switches could reach at best."""
+    static = per_seed[(per_seed["policy"] == BASELINE) | per_seed["policy"].str.startswith("fixed_pd[")]
+    if not static["policy"].str.startswith("fixed_pd[").any():
+        return static.iloc[:0]
+    best = static.loc[static.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
+    return best.assign(policy="hindsight_best")
+
+
+def oracle_below_hindsight(table: pd.DataFrame) -> list[str]:
+    """Settings where oracle_pd is slower than the best static allocation (an oracle never should be)."""
+    wide = table.pivot(index=ROW_KEYS, columns="policy", values="rollout_time_s")
+    if not {"oracle_pd", "hindsight_best"} <= set(wide.columns):
+        return []
+    below = wide[wide["oracle_pd"] > wide["hindsight_best"] * (1 + 1e-9)]
+    return [f"{' '.join(str(k) for k in key if k)}: oracle_pd {r.oracle_pd:.2f} s > hindsight_best "
+            f"{r.hindsight_best:.2f} s" for key, r in below.iterrows()]
+
+
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per run: speedup over colocate with the same row keys and seed (NaN where there is none)."""
     per_seed = df.groupby(ROW_KEYS + ["policy", "seed"], as_index=False)[["rollout_time_s", "efficiency"]].mean()
-    per_seed = pd.concat([per_seed, best_fixed(per_seed)], ignore_index=True)
+    per_seed = pd.concat([per_seed, best_fixed(per_seed), hindsight_best(per_seed)], ignore_index=True)
     base = per_seed[per_seed["policy"] == BASELINE][ROW_KEYS + ["seed", "rollout_time_s"]]
     merged = per_seed.merge(base, on=ROW_KEYS + ["seed"], how="left", suffixes=("", "_base"))
     merged["speedup"] = merged["rollout_time_s_base"] / merged["rollout_time_s"]
@@ -229,6 +252,10 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed or partial.\n",
           f"## {SPEEDUP_CAPTION}\n", _md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", _md_table(eff),
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
+    below = oracle_below_hindsight(table)
+    if below:
+        md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]
+        log.warning("oracle_pd is below hindsight_best in %d setting(s): %s", len(below), "; ".join(below))
     (out / "speedup.md").write_text("\n".join(md) + "\n")
     tex = [_tex_table(speed, SPEEDUP_CAPTION), _tex_table(eff, EFFICIENCY_CAPTION), r"\paragraph{Failed runs}"]
     tex += [r"\begin{itemize}", *[rf"\item \texttt{{{_tex_escape(line)}}}" for line in failed], r"\end{itemize}"] \

@@ -61,6 +61,7 @@ def test_known_speedups_per_policy_and_mode(sweep):
     assert table.loc[("async", "fixed_pd[num_prefill=2]"), "speedup"] == pytest.approx(1.5)
     assert table.loc[("sync", "colocate"), "speedup"] == pytest.approx(1.0)
     assert table.loc[("sync", "best_fixed"), "speedup"] == pytest.approx(4.0)    # best split in hindsight
+    assert table.loc[("sync", "hindsight_best"), "speedup"] == pytest.approx(4.0)  # best static, colocate included
     # efficiency = lower_bound / rollout time, averaged over seeds: (50/50 + 50/60) / 2
     assert table.loc[("sync", "fixed_pd[num_prefill=2]"), "efficiency"] == pytest.approx((1 + 50 / 60) / 2)
 
@@ -71,8 +72,9 @@ def test_report_files_name_failed_runs_and_figures_exist(sweep, capsys):
     assert csv.loc["sync", "speedup[fixed_pd[num_prefill=2]]"] == pytest.approx(2.0)
     assert csv.loc["sync", "seeds[fixed_pd[num_prefill=2]]"] == 2       # the partial seed-2 run is not counted
     md = (sweep / "speedup.md").read_text()
-    # columns: colocate, best_fixed (the fastest split in hindsight: 4P), fixed_pd[2], fixed_pd[4]
-    row = "| search | sync | dense_h100 | 1.00 ± 0.00 (n=2) | 4.00 ± 0.00 (n=2) | 2.00 ± 0.00 (n=2) | 4.00 ± 0.00 (n=2)"
+    # columns: colocate, best_fixed (the fastest split in hindsight: 4P), fixed_pd[2], fixed_pd[4], hindsight_best
+    row = ("| search | sync | dense_h100 | 1.00 ± 0.00 (n=2) | 4.00 ± 0.00 (n=2) | 2.00 ± 0.00 (n=2) | 4.00 ± 0.00 (n=2)"
+           " | 4.00 ± 0.00 (n=2)")
     assert "| synthetic" not in md and row in md
     failed_section = md.split("## Failed runs")[1]
     for name, why in [("pd2_partial", "3 of 4 trajectories"), ("crashed", "no summary.json"),
@@ -87,6 +89,22 @@ def test_report_files_name_failed_runs_and_figures_exist(sweep, capsys):
         for ext in ("png", "pdf"):
             assert (figures / f"{stem}.{ext}").stat().st_size > 1000, stem
     assert "3 failed or partial" in capsys.readouterr().out
+
+
+def test_hindsight_best_includes_colocation_and_an_oracle_below_it_is_flagged(tmp_path, caplog):
+    """Colocation (100 s) beats both splits (120, 150 s): hindsight_best is colocation (1.00), best_fixed
+    the 120-s split (0.83). An oracle at 110 s is below hindsight_best and the report says so."""
+    make_run(tmp_path, "colocate", "colocate", 100.0)
+    make_run(tmp_path, "pd2", "fixed_pd", 120.0, num_prefill=2)
+    make_run(tmp_path, "pd4", "fixed_pd", 150.0, num_prefill=4)
+    make_run(tmp_path, "oracle", "oracle_pd", 110.0)
+    table = speedup_table(runs_frame(find_runs([tmp_path]))).set_index("policy")
+    assert table.loc["hindsight_best", "speedup"] == pytest.approx(1.0)
+    assert table.loc["best_fixed", "speedup"] == pytest.approx(100 / 120)
+    main([str(tmp_path)])
+    md = (tmp_path / "speedup.md").read_text()
+    assert "oracle_pd 110.00 s > hindsight_best 100.00 s" in md.split("## oracle_pd below hindsight_best")[1]
+    assert "oracle_pd is below hindsight_best" in caplog.text
 
 
 def test_runs_without_timeseries_or_baseline_still_report(tmp_path):

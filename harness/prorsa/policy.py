@@ -188,7 +188,7 @@ class Prorsa:
             futures.append(FutureTrajectory(s.trajectory_id, s.family, 0.0,
                                             [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)],
                                             self.prefix.decode_engine.get(s.trajectory_id),
-                                            self.prefix.prefill_engine.get(s.trajectory_id)))
+                                            self.prefix.prefill_engine.get(s.trajectory_id), in_progress=True))
         return futures
 
     def _tpot(self) -> float:

@@ -49,6 +49,7 @@ class FutureTrajectory:
     turns: list[FutureTurn]
     decode_engine: int | None = None    # where its KV lives (the last decode), if anywhere
     prefill_engine: int | None = None
+    in_progress: bool = False           # its first turn is the one already under way (not an arrival)
 
 
 @dataclass
@@ -130,7 +131,7 @@ class FutureSampler:
                 turns, ready = [first] + later, 0.0
             tid = s.trajectory_id
             futures.append(FutureTrajectory(tid, f, ready, turns, prefix.decode_engine.get(tid),
-                                            prefix.prefill_engine.get(tid)))
+                                            prefix.prefill_engine.get(tid), in_progress=s.phase != Phase.TOOL))
         return futures
 
     def new(self, families: list[str], weights: list[float], count: int, first_id: int,
@@ -181,7 +182,7 @@ class _Run:
         t = ft.turns[k]
         now = self.backend.now()
         b = int(now // self.bin_s)
-        if b < self.bins:
+        if b < self.bins and not (k == 0 and ft.in_progress):   # the forecast counts arrivals only
             self.prefill[b] += t.prompt_tokens - t.cached_tokens
         self.ready_at[ft.trajectory_id] = now
         self.route(TurnRequest(trajectory_id=ft.trajectory_id, group_id=ft.trajectory_id, turn=k, family=ft.family,

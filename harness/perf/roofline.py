@@ -271,10 +271,10 @@ class RooflineCostModel:
                 run = np.cumsum(np.concatenate(([t], dts)))[1:].tolist()
                 ends += run
                 t = run[-1]
-            elif n:
-                for c in range(c, c + (j1 - j0) * n, n):   # kv * int == kv * float(int) below 2**53
-                    t += ((w + kv * c) * ms + extra) + shared
-                    append(t)
+            elif n and extra:   # kv * int == kv * float(int) below 2**53
+                ends += [t := t + (((w + kv * c) * ms + extra) + shared) for c in range(c, c + (j1 - j0) * n, n)]
+            elif n:   # x + 0.0 == x for the positive times here: the same bits without the add
+                ends += [t := t + ((w + kv * c) * ms + shared) for c in range(c, c + (j1 - j0) * n, n)]
             else:
                 dt = ((w + kv * c) * ms + extra) + shared
                 for _ in range(j1 - j0):

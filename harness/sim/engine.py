@@ -198,6 +198,7 @@ class SimEngine:
                              f"ep={self.par.ep}); use more GPUs per engine or a larger GPU")
         holders: dict[int, int] = {}
         self.ranks = [Rank(capacity=cap, holders=holders, bit=1 << i) for i in range(self.par.dp)]
+        self._all_decode = [True] * self.par.dp    # vLLM semantics: every rank decodes in every step
         self.backend.mark_stale(self)
 
     def clear_prefix_cache(self) -> None:
@@ -374,7 +375,7 @@ class SimEngine:
         max_seqs = cfg.max_num_seqs
         span = cfg.fast_forward             # while no rank so far rules out a fast-forward span
         steps = None                        # decode steps no rank so far can interrupt
-        decoding = []                       # per rank: does it decode in this step
+        decoding = [] if prefill_first else self._all_decode   # per rank: does it decode in this step
         seqs, ctx = [], []                  # per rank: this step's decoding sequences and their context
         for r in self.ranks:
             if r.ready:
@@ -390,24 +391,24 @@ class SimEngine:
                 # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.
                 if r.waiting:
                     self._admit(r)
-                decodes = not r.prefilling
-                if decodes:
-                    if r.decode_n and r.capacity - r.kv_used - r.cache_tokens < r.decode_n:
-                        self._reserve_decode_slots(r)
-                    r.kv_used += r.decode_n
-            else:
-                # As vLLM's scheduler: running requests get their decode slot first, then new ones
-                # are admitted (SGLang's mixed chunk takes the same shape).
-                if r.decode_n and r.capacity - r.kv_used - r.cache_tokens < r.decode_n:
-                    self._reserve_decode_slots(r)   # not enough free memory: evict, then preempt
-                r.kv_used += r.decode_n
-                if r.waiting:
-                    self._admit(r)
-                decodes = True
-            decoding.append(decodes)
-            n = r.decode_n if decodes else 0
+                if r.prefilling:
+                    decoding.append(False)
+                    seqs.append(0)
+                    ctx.append(0)
+                    span = False
+                    continue
+                decoding.append(True)
+            # vLLM's scheduler (and SGLang's decode batch or mixed chunk): running requests get their
+            # decode slot first, then new ones are admitted.
+            n = r.decode_n
+            if n and r.capacity - r.kv_used - r.cache_tokens < n:
+                self._reserve_decode_slots(r)   # not enough free memory: evict, then preempt
+                n = r.decode_n
+            r.kv_used += n
+            if r.waiting and not prefill_first:
+                self._admit(r)
             seqs.append(n)
-            ctx.append(r.decode_ctx if decodes else 0)
+            ctx.append(r.decode_ctx)
             if span:   # how many decode steps nothing inside the engine can interrupt
                 if r.first_token_due or r.prefilling or (r.waiting and len(r.running) < max_seqs):
                     span = False   # (a waiting head blocked only by memory stays blocked: spans free none)

@@ -48,13 +48,14 @@ def _event(kind: EventKind, t: float, trajectory_id: int, turn: int, engine_id: 
     return e
 
 
+if hasattr(LifecycleEvent, "__slots__") or hasattr(LifecycleEvent, "__post_init__"):
+    _event = LifecycleEvent   # noqa: F811  (no instance dict, or work done at construction)
+
+# EngineState's fields in this order: built positionally (a third of the keyword call's cost).
 _STATE_BY_POSITION = tuple(f.name for f in fields(EngineState)) == (
     "engine_id", "role", "available", "gpus", "waiting_requests", "waiting_prefill_tokens", "running_requests",
     "decoding_requests", "kv_used_tokens", "kv_capacity_tokens", "queued_kv_tokens", "inbound_requests",
     "target_role")
-
-if hasattr(LifecycleEvent, "__slots__") or hasattr(LifecycleEvent, "__post_init__"):
-    _event = LifecycleEvent   # noqa: F811  (no instance dict, or work done at construction)
 
 
 class SimBackend:
@@ -158,7 +159,7 @@ class SimBackend:
             decoding += r.decode_n
             used += r.kv_used
             queued += r.waiting_kv
-        if _STATE_BY_POSITION:   # a third of the keyword call's cost; rebuilt on every change of an engine
+        if _STATE_BY_POSITION:
             return EngineState(e.id, e.role, e.available, self._gpus, waiting, pending, running, decoding, used,
                                e.kv_capacity_tokens, queued + self._inbound_tokens[e.id], self._inbound[e.id],
                                e.target_role)
@@ -294,7 +295,8 @@ class SimBackend:
 
 
 class _SimView(ClusterView):
-    """A view whose `with_role` answers from the backend's role index while the view is current."""
+    """A view whose `with_role` answers from the backend's role index while the view is the newest
+    (nothing re-read since); an older view answers from its own engines, as any ClusterView."""
 
     _backend: SimBackend | None = None
     _gen = -1
@@ -341,7 +343,7 @@ class _RoleIndex:
             heapq.heapify(heap)
             h = self.heaps[load] = [heap, set()]
         heap, pending = h
-        for i in pending:   # the key tie-breaks an engine's entries; keys of two engines never tie
+        for i in pending:   # n orders one engine's entries; the keys of two engines never tie
             self.pushed += 1
             heapq.heappush(heap, (load(states[i]), self.pushed, states[i]))
         pending.clear()

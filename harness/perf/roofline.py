@@ -247,6 +247,7 @@ class RooflineCostModel:
         at = self._binding if steps > 1 else (0,)
         last = steps - 1
         top_n = top_c = -1          # the rank with the most context at step 0 (the steeper of equals)
+        most = total = 0            # the most sequences on a rank, all of them
         for n, c0 in zip(seqs, ctx):
             for j in at:
                 c = c0 + j * last * n
@@ -254,10 +255,13 @@ class RooflineCostModel:
                     return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
             if c0 > top_c or (c0 == top_c and n > top_n):
                 top_n, top_c = n, c0
-        shared = self._decode_memo.get((sum(seqs), graph))
+            if n > most:
+                most = n
+            total += n
+        shared = self._decode_memo.get((total, graph))
         if shared is None:
-            shared = self._decode_shared(sum(seqs), graph)
-        if any(n > top_n for n in seqs):   # another rank may overtake it
+            shared = self._decode_shared(total, graph)
+        if most > top_n:   # a rank with more sequences may overtake it
             segments = _upper_envelope(seqs, ctx, steps)
         else:
             segments = ((0, steps, top_n, top_c),)

@@ -11,10 +11,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Callable, Protocol
-
-if TYPE_CHECKING:
-    from harness.cluster import ClusterConfig
+from typing import Callable, Protocol
 
 
 class Role(str, enum.Enum):
@@ -171,29 +168,6 @@ class RunInfo:
     num_steps: int
     priors: dict[str, FamilyPriors]      # family -> priors (every family the workload can draw)
     weights: dict[str, float] = field(default_factory=dict)   # family -> share of trajectories at step 0
-
-
-class Policy(Protocol):
-    """Decides engine roles (plan) and where each turn runs (route).
-
-    `plan` is called every `control_interval_s` of (simulated or wall) time and returns the
-    roles it wants, or None to keep the current ones. `route` must pick available engines:
-    engines whose role serves the leg (colocated or prefill for the prefill leg; colocated or
-    decode for the decode leg).
-    """
-
-    name: str
-    control_interval_s: float | None
-
-    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]: ...
-
-    def metrics(self) -> dict: ...      # policy-specific entries for summary.json
-
-    def observe(self, event: LifecycleEvent) -> None: ...
-
-    def plan(self, view: ClusterView) -> dict[int, Role] | None: ...
-
-    def route(self, request: TurnRequest, view: ClusterView) -> Route: ...
 
 
 class Backend(Protocol):

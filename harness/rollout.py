@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 
-from harness.api import Backend, ClusterView, EngineState, EventKind, LifecycleEvent, Policy, Role, Route, TurnRequest
+from harness.api import Backend, ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.policy import Policy
 from harness.trajectory import TrajectoryScript, TurnRecord, validate_script
 from workloads.base import Workload
 

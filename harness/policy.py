@@ -1,0 +1,34 @@
+"""The contract between the rollout driver and an allocation policy (baselines/, harness/prorsa).
+
+Its own module because it names both the engine-facing types (harness.api) and the cluster config
+(harness.cluster), which itself builds on harness.api.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
+from harness.cluster import ClusterConfig
+
+
+class Policy(Protocol):
+    """Decides engine roles (plan) and where each turn runs (route).
+
+    `plan` is called every `control_interval_s` of (simulated or wall) time and returns the
+    roles it wants, or None to keep the current ones. `route` must pick available engines:
+    engines whose role serves the leg (colocated or prefill for the prefill leg; colocated or
+    decode for the decode leg).
+    """
+
+    name: str
+    control_interval_s: float | None
+
+    def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]: ...
+
+    def metrics(self) -> dict: ...      # policy-specific entries for summary.json
+
+    def observe(self, event: LifecycleEvent) -> None: ...
+
+    def plan(self, view: ClusterView) -> dict[int, Role] | None: ...
+
+    def route(self, request: TurnRequest, view: ClusterView) -> Route | None: ...   # None: park the turn

@@ -176,6 +176,7 @@ class SimEngine:
         self._version = 0            # invalidates a scheduled step end when a span is cut short
         self._busy = False
         self._span: list[float] | None = None   # end time of each step of a fast-forward span
+        self._span_steps = 0                    # the steps of it that run (a prefix of _span)
         self._span_start = 0.0
         self._pending_wake = False
         self.busy_s = 0.0
@@ -236,12 +237,13 @@ class SimEngine:
     def wake(self) -> None:
         """Something changed: start a step now, or end a fast-forward span at its next step."""
         loop = self.backend.loop
-        if self._span is not None:
-            i = bisect_left(self._span, loop.now)
-            if i < len(self._span) - 1:
-                self._span = self._span[: i + 1]
+        span = self._span
+        if span is not None:
+            i = bisect_left(span, loop.now, 0, self._span_steps)
+            if i < self._span_steps - 1:
+                self._span_steps = i + 1
                 self._version += 1
-                loop.at_engine(self._span[-1], partial(self._end_span, self._version))
+                loop.at_engine(span[i], partial(self._end_span, self._version))
             return
         if not self._busy and not self._pending_wake:
             self._pending_wake = True
@@ -478,6 +480,7 @@ class SimEngine:
         else:
             times = self.cost.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
             self._span = np.cumsum(np.concatenate(([now], times)))[1:].tolist()
+        self._span_steps = steps   # cut short by `wake` when something arrives
         self._span_start = now
         self._busy = True
         self._version += 1
@@ -488,9 +491,8 @@ class SimEngine:
             return
         if not self.stale:
             self.backend.mark_stale(self)
-        span = self._span
-        steps = len(span)
-        self.busy_s += span[-1] - self._span_start
+        steps = self._span_steps
+        self.busy_s += self._span[steps - 1] - self._span_start
         self._span = None
         for r in self.ranks:
             n = r.decode_n

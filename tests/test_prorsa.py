@@ -174,6 +174,28 @@ def test_planner_takes_the_nearest_of_equally_good_splits():
     assert not planner.decide(view, 2, [], [], 8).switch
 
 
+def test_initial_plan_hedges_against_another_mix():
+    """Scores by the mix a sample is drawn from (family of its trajectories). For the expected mix "a",
+    1P is best (90); for mix "b" 1P is ruinous (400). Without hedges the start is 1P; hedged, it is the
+    split whose worst ratio to each mix's best is smallest: 2P (max(95/90, 120/100) = 1.2)."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
+
+    class MixWhatIf:
+        table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
+
+        def run(self, futures, roles_now, roles, new=(), max_in_flight=0):
+            split = sum(r == Role.PREFILL for r in roles) or COLOCATED
+            score = self.table[new[0].family][split]
+            return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
+
+    def sample(family):
+        return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
+    cluster = cluster_of(HEAVY)
+    planner = Planner(cluster, MixWhatIf(), hysteresis=0.05, allow_colocated=True, max_candidates=8, mode="async")
+    assert planner.initial([sample("a")], 8)[0] == 1
+    assert planner.initial([sample("a")], 8, hedges=[sample("a"), sample("b")])[0] == 2
+
+
 def test_switcher_moves_the_cheapest_engines_to_drain():
     P, D, C = Role.PREFILL, Role.DECODE, Role.COLOCATED
     view = engines([P, D, D, D], decoding=[0, 9, 2, 5])

@@ -7,6 +7,9 @@ from harness.routing import PrefixTracker
 
 def split_roles(num_prefill: int, num_engines: int) -> list[Role]:
     """`num_prefill` prefill engines, the rest decode; rejects a split that leaves a pool empty."""
+    if num_engines < 2:
+        raise ValueError(f"a P/D split needs cluster.num_engines >= 2 (one prefill and one decode engine); "
+                         f"cluster.num_engines={num_engines}: use policy=colocate")
     if not (isinstance(num_prefill, int) and 1 <= num_prefill <= num_engines - 1):
         raise ValueError(f"policy.num_prefill={num_prefill!r} is invalid; allowed: an integer in "
                          f"[1, {num_engines - 1}] (cluster.num_engines={num_engines})")

@@ -25,6 +25,8 @@ class ReactivePD:
                              "are invalid; allowed: 0 < decode_kv_low <= decode_kv_high <= 1")
         if prefill_queue_low > prefill_queue_high:
             raise ValueError("policy.prefill_queue_low must be <= policy.prefill_queue_high")
+        if not (isinstance(min_dwell_s, (int, float)) and min_dwell_s >= 0):
+            raise ValueError(f"policy.min_dwell_s={min_dwell_s!r} is invalid; allowed: a number >= 0")
         self.num_prefill = num_prefill
         self.control_interval_s = control_interval_s
         self.q_high, self.q_low = prefill_queue_high, prefill_queue_low

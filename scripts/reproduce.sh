@@ -31,6 +31,14 @@ sweep ablations +experiment=heavy_prefill policy=prorsa policy.forecast=true,fal
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.horizon_s=5,10,40
 sweep ablations +experiment=heavy_prefill policy=prorsa,colocate cluster.switch_time_s=1,30 \
   cluster.reshard_switch_time_s=10,120
+# Section 5: the mix that shifts during the run, with resharding and with vLLM's kv_both switch.
+for exp in shift_reason_browse shift_reason_browse_kvboth; do
+  sweep "$exp" +experiment=$exp policy=colocate,prorsa,pearl
+  sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6
+  sweep "$exp" +experiment=$exp policy=prorsa policy.switching=false
+  sweep "$exp" +experiment=$exp policy=prorsa policy.forecast=false
+done
+"$PY" -m harness.report "$OUT"/shift_reason_browse "$OUT"/shift_reason_browse_kvboth --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"

@@ -14,8 +14,9 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
 phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).
-With several task families and a switch that drains or reloads engines, the plan also weighs each
-family alone and starts where the worst case over these mixes is best (planner.py, `initial`).
+With several task families the plan also weighs each family alone and starts where the worst case
+over these mixes is best (planner.py, `initial`): a start that suits only the first batches' mix can
+take minutes to leave when switches reload engines, and costs little to leave when they do not.
 Ablations: `forecast: false` plans on the present only (each live trajectory finishes its current
 turn, nothing after it, no new trajectories); `switching: false` keeps the initial allocation.
 """
@@ -174,8 +175,7 @@ class Prorsa:
         count = self.run.trajectories_per_step if self.run.mode == "sync" else 2 * self.run.max_in_flight
         samples = [sampler.new(self.families, self.weights, count, 0, rng) for _ in range(self.initial_samples)]
         hedges = []
-        if len(self.families) > 1 and self.cluster.switch_mechanism != "kv_both":
-            # a switch drains and reloads engines: also weigh each family alone (hedge a change of mix)
+        if len(self.families) > 1:   # the mix may change: also weigh each family alone
             hedges = [sampler.new(self.families, [float(f == g) for g in self.families], count, 0, rng)
                       for f in self.families]
         split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges)

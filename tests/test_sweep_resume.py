@@ -113,7 +113,10 @@ def resume_after_kill(tmp_path: Path, launcher: list[str], timeout_s: float) -> 
             for s in killed:
                 assert not is_complete(job_dirs(sweep)[s], load_config([*JOB, f"seed={s}"]))
         started = {s: log_count(d, "started") for s, d in job_dirs(sweep).items()}
-        rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        # Ray folds log lines that differ only in numbers ("seed=0 ... skipped", "seed=1 ... skipped")
+        # into one; RAY_DEDUP_LOGS=0 (Ray's documented switch) keeps each job's line
+        rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                               env={**os.environ, "RAY_DEDUP_LOGS": "0"})
         assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
         check_resumed(sweep, done_at_kill, rerun)
     finally:

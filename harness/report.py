@@ -139,21 +139,24 @@ def _policy_order(policies) -> list[str]:
 def best_fixed(per_seed: pd.DataFrame) -> pd.DataFrame:
     """The `best_fixed` baseline: of all fixed P:D splits run on the same row and seed, the fastest,
     chosen in hindsight (needs fixed_pd run with more than one num_prefill)."""
-    fixed = per_seed[per_seed["policy"].str.startswith("fixed_pd[")]
-    if fixed.empty:
-        return fixed
-    best = fixed.loc[fixed.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
-    return best.assign(policy="best_fixed")
+    fixed = per_seed["policy"].str.startswith("fixed_pd[")
+    return _fastest(per_seed[fixed], "best_fixed")
 
 
 def hindsight_best(per_seed: pd.DataFrame) -> pd.DataFrame:
     """The `hindsight_best` row: the fastest static allocation (colocation or any fixed split) on the
     same row and seed, chosen in hindsight; what an allocator that never switches could reach at best."""
-    static = per_seed[(per_seed["policy"] == BASELINE) | per_seed["policy"].str.startswith("fixed_pd[")]
-    if not static["policy"].str.startswith("fixed_pd[").any():
-        return static.iloc[:0]
-    best = static.loc[static.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
-    return best.assign(policy="hindsight_best")
+    fixed = per_seed["policy"].str.startswith("fixed_pd[")
+    if not fixed.any():
+        return per_seed.iloc[:0]
+    return _fastest(per_seed[fixed | (per_seed["policy"] == BASELINE)], "hindsight_best")
+
+
+def _fastest(runs: pd.DataFrame, policy: str) -> pd.DataFrame:
+    """Of `runs`, the fastest on each row and seed, named `policy`."""
+    if runs.empty:
+        return runs
+    return runs.loc[runs.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()].assign(policy=policy)
 
 
 def oracle_below_hindsight(table: pd.DataFrame) -> list[str]:

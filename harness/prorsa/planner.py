@@ -121,13 +121,12 @@ class Planner:
         smallest: a start that is right for the first batches but ruinous for another mix cannot be
         left in time when a switch takes a minute (measured: 1P7D on shift_reason_browse with reshard,
         0.64x of the best static allocation; hedged, 1.05x)."""
-        n = self.cluster.num_engines
         splits = self.candidates(COLOCATED if self.allow_colocated else 1)
+        roles = {k: roles_for(k, self.cluster.num_engines) for k in splits}
 
         def scores_of(group: list[list[FutureTrajectory]]) -> dict[int, float]:
-            return {k: float(np.mean([self.score(self.whatif.run([], roles_for(k, n), roles_for(k, n), new,
-                                                                   max_in_flight)) for new in group]))
-                    for k in splits}
+            return {k: float(np.mean([self.score(self.whatif.run([], roles[k], roles[k], new, max_in_flight))
+                                      for new in group])) for k in splits}
         scores = scores_of(samples)
         if not hedges:
             return min(scores, key=lambda k: (scores[k], k)), scores

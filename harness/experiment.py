@@ -81,6 +81,17 @@ def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
                    weights={f: n / len(step0) for f, n in families.items()})
 
 
+def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):
+    """The rollout `cfg` describes, run in-process with nothing written or logged (tests, scripts):
+    the driver's result and the backend. `policy` replaces the configured one."""
+    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    workload = instantiate(cfg.workload, seed=cfg.seed)
+    policy = policy or instantiate(cfg.policy)
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
+    return RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run(), backend
+
+
 def static_rollout_s(cfg: DictConfig, cluster: ClusterConfig, mode: ModeConfig, roles: list[Role]) -> float:
     """The rollout time of the run `cfg` describes with `roles` held throughout (the oracle's start)."""
     workload = instantiate(cfg.workload, seed=cfg.seed)

@@ -15,15 +15,11 @@ import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.cluster import cluster_from_config  # noqa: E402
-from harness.experiment import build_backend, lifecycle_frame, run_info  # noqa: E402
-from harness.rollout import ModeConfig, RolloutDriver  # noqa: E402
+from harness.experiment import lifecycle_frame, run_rollout  # noqa: E402
 
 REFERENCE = ROOT / "results" / "reference" / "lifecycle_hashes.json"
 SMALL = ["workload.batch_size=8", "workload.group_size=4", "mode.num_steps=2",
@@ -51,12 +47,7 @@ CONFIGS = {
 def lifecycle_hash(overrides: list[str]) -> str:
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose(config_name="config", overrides=["logger=none", *SMALL, *overrides])
-    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
-    result = RolloutDriver(workload, policy, backend, mode).run()
+    result, _ = run_rollout(cfg)
     buf = io.BytesIO()
     lifecycle_frame(result).to_parquet(buf, index=False)
     return hashlib.sha256(buf.getvalue()).hexdigest()

@@ -26,12 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.cluster import cluster_from_config  # noqa: E402
-from harness.experiment import build_backend, lifecycle_frame, run_info  # noqa: E402
+from harness.experiment import lifecycle_frame, run_info, run_rollout  # noqa: E402
 from harness.prorsa.planner import future_sampler  # noqa: E402
 from harness.prorsa.switcher import COLOCATED, roles_for  # noqa: E402
 from harness.prorsa.tracker import LifecycleTracker  # noqa: E402
 from harness.prorsa.whatif import WhatIf  # noqa: E402
-from harness.rollout import ModeConfig, RolloutDriver  # noqa: E402
+from harness.rollout import ModeConfig  # noqa: E402
 
 OUT = ROOT / "results" / "reference" / "whatif_accuracy.csv"
 EXPERIMENTS = ["heavy_prefill", "browse", "tooluse", "swe", "search"]
@@ -70,12 +70,7 @@ def predicted(cfg, split: int, samples: int) -> tuple[float, float]:
 
 
 def measured(cfg) -> tuple[float, float]:
-    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
-    result = RolloutDriver(workload, policy, backend, mode).run()
+    result, _ = run_rollout(cfg)
     df = lifecycle_frame(result)
     return float((df["t_decode_end"] - df["t_ready"]).mean()), result.rollout_time_s
 

@@ -5,12 +5,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from harness.cluster import cluster_from_config
-from harness.experiment import build_backend, lifecycle_frame, run_info
-from harness.rollout import ModeConfig, RolloutDriver
+from harness.experiment import lifecycle_frame, run_rollout
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
@@ -22,13 +20,7 @@ def load_config(overrides: list[str]):
 
 def simulate(overrides: list[str], policy=None, keep_events: bool = False):
     """Run one rollout in-process; returns (driver result, lifecycle frame, backend)."""
-    cfg = load_config(overrides)
-    cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = policy or instantiate(cfg.policy)
-    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
-    result = RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run()
+    result, backend = run_rollout(load_config(overrides), policy, keep_events)
     return result, lifecycle_frame(result), backend
 
 

@@ -1,13 +1,12 @@
 """The reasoning and browse families and the shifting-mix experiments (configs/experiment/shift_*.yaml).
 
-- each new family generates the statistics its YAML states (the `targets`, e.g. the mean output per
-  turn of reasoning and the mean page size of browse), within workloads/stats.py's tolerances;
+- each new family's YAML states targets for the quantities that set the P/D balance (that the
+  generator meets them, and the recipe caps, is checked with every family in tests/test_workloads.py);
 - the two families sit on opposite sides of the P/D balance (reasoning decodes, browse prefills);
 - a shifting experiment's per-step family shares follow its schedule, with whole GRPO groups.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -15,8 +14,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from harness.trajectory import validate_script
-from workloads.stats import compare
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -26,31 +23,13 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=["logger=none", *overrides])
 
 
-@pytest.fixture(scope="module", params=["reasoning", "browse"])
-def family(request):
-    """A large sample (~2500 trajectories) of one family, so sampling noise is small."""
-    w = instantiate(compose_config([f"workload={request.param}"]).workload, seed=0)
-    w.batch_size = math.ceil(2500 / w.group_size)
-    return w, w.sample(0)
-
-
-def test_family_statistics_match_their_yaml(family):
-    w, labelled = family
-    rows = compare(labelled, w.targets)
-    assert {r["metric"] for r in rows} >= {"output_tokens", "tool_output_tokens", "tool_latency_s"}
-    bad = [r for r in rows if not r["ok"]]
-    assert not bad, "\n".join(f"{w.name}: {r['metric']} {r['stat']} generated {r['generated']:.4g}, "
-                              f"yaml {r['published']:.4g} ({r['tolerance']})" for r in bad)
-
-
-def test_family_scripts_respect_the_recipe_caps(family):
-    w, labelled = family
-    for script, _ in labelled:
-        validate_script(script)
-        assert len(script.turns) <= w.max_turns
-        for k, t in enumerate(script.turns):
-            assert 1 <= t.output_tokens <= w.max_output_tokens
-            assert script.prompt_tokens(k) + t.output_tokens <= w.context_cap
+@pytest.mark.parametrize("name", ["reasoning", "browse"])
+def test_family_yaml_states_its_main_targets(name):
+    """Both families' statistics and caps are checked with the others (tests/test_workloads.py);
+    here, that their YAMLs state targets for the quantities that set the P/D balance."""
+    metrics = {m for population in instantiate(compose_config([f"workload={name}"]).workload, seed=0).targets.values()
+               for m in population}
+    assert metrics >= {"output_tokens", "tool_output_tokens", "tool_latency_s"}
 
 
 def test_reasoning_decodes_and_browse_prefills():

@@ -20,7 +20,7 @@ from harness.trajectory import validate_script
 from workloads.stats import compare, metric_values, statistic
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-FAMILIES = ("search", "search_long", "swe", "tooluse")
+FAMILIES = ("search", "search_long", "swe", "tooluse", "reasoning", "browse")
 
 
 @functools.lru_cache(maxsize=None)

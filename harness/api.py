@@ -153,6 +153,10 @@ class FamilyPriors:
     turns: LogNormalPrior                # per trajectory
     max_turns: int                       # the recipe's turn cap
     context_cap: int                     # tokens: no turn's prompt + output exceeds it
+    # The share of the variance of log output tokens that one trajectory's turns share (intraclass
+    # correlation): a trajectory that has written long answers keeps writing long ones. 0: each turn
+    # draws its length afresh.
+    output_shared: float = 0.0
 
 
 @dataclass(frozen=True)

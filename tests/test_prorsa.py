@@ -12,7 +12,7 @@ from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import WhatIf
 from harness.routing import PrefixTracker
-from tests.conftest import cluster_of, simulate
+from tests.conftest import cluster_of, load_config, simulate
 
 # Deterministic priors (sigma 0) of the family "fam": every prior sample equals the median.
 FAM = FamilyPriors(prompt_tokens=LogNormalPrior(100, 0), output_tokens=LogNormalPrior(40, 0),
@@ -154,7 +154,7 @@ class ScriptedWhatIf:
     def __init__(self, by_split):
         self.by_split = by_split
 
-    def run(self, futures, roles_now, roles, new=(), max_in_flight=0):
+    def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
         from harness.prorsa.whatif import Outcome
         split = sum(r == Role.PREFILL for r in roles) or COLOCATED
         score = self.by_split[split]
@@ -183,7 +183,7 @@ def test_initial_plan_hedges_against_another_mix():
     class MixWhatIf:
         table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
 
-        def run(self, futures, roles_now, roles, new=(), max_in_flight=0):
+        def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
             split = sum(r == Role.PREFILL for r in roles) or COLOCATED
             score = self.table[new[0].family][split]
             return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
@@ -261,3 +261,82 @@ def test_tracker_reports_what_live_trajectories_have_reached():
     assert c["tool_latency_s"]["fam"] == [pytest.approx(2.0)]
     assert c["output_tokens"]["fam"] == [pytest.approx(120.0)]
     assert t.started == 2 and list(t.start_families) == ["fam", "fam"]
+
+
+def test_intraclass_correlation_known_answers():
+    """Groups [1, 3] and [5, 7]: within mean square 2 (2 df), between mean square 2 * (2^2 + 2^2) = 16,
+    n0 = 2, shared variance (16 - 2) / 2 = 7: ICC 7 / 9. Equal means: 0. No spread within: 1."""
+    from harness.stats import intraclass_correlation
+    assert intraclass_correlation([[1, 3], [5, 7]]) == pytest.approx(7 / 9)
+    assert intraclass_correlation([[0, 2], [0, 2]]) == 0.0
+    assert intraclass_correlation([[1, 1], [3, 3, 3]]) == 1.0
+    assert intraclass_correlation([[1, 2, 3]]) is None and intraclass_correlation([[1], [2]]) is None
+    rng = np.random.default_rng(0)   # 2,000 groups of 2-20 values with a known share of 0.4
+    groups = [np.sqrt(0.4) * rng.standard_normal() + np.sqrt(0.6) * rng.standard_normal(rng.integers(2, 21))
+              for _ in range(2000)]
+    assert intraclass_correlation(groups) == pytest.approx(0.4, abs=0.03)
+
+
+def sampler_with_shared(rho):
+    values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
+    one = {"fam": np.array([1.0])}
+    from harness.prorsa.whatif import FutureSampler
+    return FutureSampler(outputs={"fam": values}, tool_latency=one, tool_outputs=one, turns=one,
+                         first_prompts=one, max_context={"fam": 10**9}, output_shared={"fam": rho})
+
+
+def test_sampled_outputs_keep_the_marginal_and_the_trajectorys_own_level():
+    """Outputs lognormal(log 100, 1), half of the log variance shared by a trajectory's turns: across
+    trajectories the outputs keep the family's spread, within one the turns correlate at 0.5, and a
+    trajectory that wrote 1,000-token answers is predicted to keep writing long ones (posterior mean of
+    its level after 4 turns at log 10 above the mean: 4 * 0.5 / (4 * 0.5 + 0.5) * log 10)."""
+    from harness.stats import intraclass_correlation
+    s, rng = sampler_with_shared(0.5), np.random.default_rng(2)
+    logs = []
+    for _ in range(3000):
+        level = s.output_level("fam", [], rng)
+        logs.append(np.log([s.output("fam", level, rng) for _ in range(4)]))
+    logs = np.array(logs)
+    assert logs.var() == pytest.approx(1.0, rel=0.08)
+    assert intraclass_correlation(logs) == pytest.approx(0.5, abs=0.05)
+    levels = [s.output_level("fam", [1000] * 4, rng) for _ in range(2000)]
+    assert np.mean(levels) == pytest.approx(0.8 * np.log(10), rel=0.1)
+    # the rest of a turn already 500 tokens long is drawn above 500, at the trajectory's level
+    assert min(s.output("fam", 0.0, rng, above=500) for _ in range(200)) > 500
+    # independent turns: no level, and no random numbers used (runs without the effect are unchanged)
+    flat, a, b = sampler_with_shared(0.0), np.random.default_rng(3), np.random.default_rng(3)
+    assert flat.output_level("fam", [1000] * 4, a) == 0.0
+    assert flat.output("fam", 0.0, a) == float(flat.outputs["fam"][b.integers(len(flat.outputs["fam"]))])
+
+
+def test_shared_output_share_is_learned_from_trajectories():
+    """The prior's share until `min_observations` trajectories have two finished turns; then the
+    estimate from them (ended and live): here each trajectory repeats its own length, a share of 1."""
+    from dataclasses import replace
+    from harness.prorsa.planner import output_shared
+    run = replace(RUN, priors={"fam": replace(FAM, output_shared=0.3)})
+    t = LifecycleTracker()
+    assert output_shared(t, run, 3) == {"fam": 0.3}
+    for tid in range(4):
+        tokens = 10 * (tid + 1)
+        t.observe(E(K.TRAJECTORY_START, 0.0, tid, 0, detail="fam"))
+        for turn in range(2):
+            t.observe(E(K.TURN_READY, turn, tid, turn, tokens=10))
+            t.observe(E(K.DECODE_START, turn, tid, turn))
+            t.observe(E(K.DECODE_END, turn + 0.5, tid, turn, engine_id=0, tokens=tokens))
+        if tid < 2:
+            t.observe(E(K.TRAJECTORY_END, 2.0, tid, 1))
+    assert sorted(map(tuple, t.output_groups()["fam"])) == [(10, 10), (20, 20), (30, 30), (40, 40)]
+    assert output_shared(t, run, 3) == {"fam": 1.0}
+
+
+def test_workloads_state_how_much_a_trajectory_shares_its_output_length():
+    """Synthetic: the difficulty's share of the log variance (0.3^2 / (0.3^2 + 0.6^2) = 0.2); agent
+    families: the group correlation of the output score; a trace: what its trajectories show."""
+    from workloads.agent import AgentWorkload
+    from workloads.synthetic import SyntheticWorkload
+    assert SyntheticWorkload().priors()["synthetic"].output_shared == pytest.approx(0.2)
+    cfg = load_config(["workload=swe"])
+    from hydra.utils import instantiate
+    w = instantiate(cfg.workload, seed=0)
+    assert isinstance(w, AgentWorkload) and w.priors()["swe"].output_shared == w.group_corr

@@ -136,3 +136,15 @@ def test_llmservingsim_sessions_import(tmp_path):
     with pytest.raises(TraceError, match=r"s\.jsonl:2: field 'sub_requests\[1\]\.input_toks'"):
         import_sessions(src, tmp_path / "never.jsonl")
     assert not (tmp_path / "never.jsonl").exists()
+
+
+def test_trace_priors_measure_how_much_a_trajectory_shares_its_output_length(tmp_path):
+    """Each trajectory repeats its own output length (20 and 20, 80 and 80): all of the spread is the
+    trajectory's own. A trace exported from swe keeps roughly its group correlation (0.5)."""
+    same = [{"group": 0, "family": "swe", "turns": [dict(t, output_tokens=n) for t in GOOD["turns"]]} for n in (20, 80)]
+    w = TraceWorkload(path=str(write_lines(tmp_path / "same.jsonl", same)))
+    assert w.priors()["swe"].output_shared == pytest.approx(1.0)
+    swe = build("swe", "workload.batch_size=64")
+    export_trace(swe, 1, tmp_path / "swe.jsonl")
+    assert build("trace", f"workload.path={tmp_path / 'swe.jsonl'}").priors()["swe"].output_shared == \
+        pytest.approx(swe.group_corr, abs=0.1)

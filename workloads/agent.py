@@ -100,7 +100,8 @@ class AgentWorkload:
         return {self.family: FamilyPriors(
             prompt_tokens=self.prompt.prior, output_tokens=self.output.prior,
             tool_output_tokens=self.tool_output.prior, tool_latency_s=mixture_prior(self.tool_latency),
-            turns=mixture_prior(self.turns), max_turns=self.max_turns, context_cap=self.context_cap)}
+            turns=mixture_prior(self.turns), max_turns=self.max_turns, context_cap=self.context_cap,
+            output_shared=self.group_corr)}   # every turn's output score has the group's sqrt(rho) z_g
 
     def sample(self, step: int) -> list[tuple[TrajectoryScript, str]]:
         """The step's trajectories, each with the name of the turn mode it was drawn from."""

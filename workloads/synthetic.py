@@ -6,7 +6,8 @@ prompt, so a GRPO group is correlated as in real rollouts. `drift_per_step` mult
 lengths by (1 + drift)^step, so later RL steps decode more (as responses grow over training).
 The numbers are illustrative, not a published workload (the real families are in their own modules).
 `priors()` are the step-0 marginals: the difficulty factor multiplies the turn count and the output
-length, so their log spread is sqrt(sigma^2 + group_sigma^2).
+length, so their log spread is sqrt(sigma^2 + group_sigma^2), and a trajectory's turns share the
+difficulty's part of the output length's log variance (`output_shared`).
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ class SyntheticWorkload:
             tool_output_tokens=LogNormalPrior(float(self.tool_output_median), float(self.tool_output_sigma)),
             tool_latency_s=LogNormalPrior(float(self.tool_latency_median_s), float(self.tool_latency_sigma)),
             turns=LogNormalPrior(float(self.turns_median), math.hypot(self.turns_sigma, self.group_sigma)),
-            max_turns=self.max_turns, context_cap=self.context_cap)}
+            max_turns=self.max_turns, context_cap=self.context_cap,
+            output_shared=self.group_sigma ** 2 / (self.group_sigma ** 2 + self.output_sigma ** 2 or 1.0))}
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         rng = step_rng(self.seed, step)

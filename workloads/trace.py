@@ -35,7 +35,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from harness.api import FamilyPriors
+from harness.stats import intraclass_correlation
 from harness.trajectory import TrajectoryScript, TurnScript
 from workloads.base import Workload, fit_lognormal, group_id, trajectory_id
 
@@ -174,7 +177,9 @@ class TraceWorkload:
                 tool_latency_s=fit_lognormal(s.turns[k].tool_latency_s for s, k in calls),
                 turns=fit_lognormal(len(s.turns) for s in scripts),
                 max_turns=max(len(s.turns) for s in scripts),
-                context_cap=max(sum(t.new_tokens + t.output_tokens for t in s.turns) for s in scripts))
+                context_cap=max(sum(t.new_tokens + t.output_tokens for t in s.turns) for s in scripts),
+                output_shared=intraclass_correlation(
+                    np.log([max(t.output_tokens, 1) for t in s.turns]) for s in scripts) or 0.0)
         return out
 
     def batch(self, step: int) -> list[TrajectoryScript]:

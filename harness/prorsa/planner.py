@@ -20,6 +20,7 @@ import numpy as np
 
 from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
 from harness.cluster import ClusterConfig
+from harness.stats import intraclass_correlation
 from harness.prorsa.estimate import product_limit
 from harness.prorsa.switcher import COLOCATED, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
@@ -37,7 +38,7 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                    tpot: float) -> FutureSampler:
     """Per family: once `min_observations` values have ended, the product-limit estimate from them and
     from what the live trajectories have reached so far (estimate.py); the prior until then (turns cut
-    at the family's turn cap)."""
+    at the family's turn cap); and how much a trajectory's turns share their output length."""
     censored = tracker.censored(now, tpot)
 
     def pick(observed: dict, key: str) -> dict[str, np.ndarray]:
@@ -57,7 +58,21 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                          tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),
                          turns={f: np.minimum(v, run.priors[f].max_turns) for f, v in turns.items()},
                          first_prompts=pick(tracker.first_prompts, "prompt_tokens"),
-                         max_context={f: p.context_cap for f, p in run.priors.items()})
+                         max_context={f: p.context_cap for f, p in run.priors.items()},
+                         output_shared=output_shared(tracker, run, min_observations))
+
+
+def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> dict[str, float]:
+    """Per family, how much of the spread of output lengths is the trajectory's own: estimated from the
+    trajectories with two finished turns or more once `min_observations` of them are seen (live ones
+    included), the workload's prior until then."""
+    groups = tracker.output_groups()
+    out = {}
+    for family, priors in run.priors.items():
+        seen = [np.log(np.maximum(g, 1)) for g in groups.get(family, ()) if len(g) >= 2]
+        estimate = intraclass_correlation(seen) if len(seen) >= min_observations else None
+        out[family] = priors.output_shared if estimate is None else estimate
+    return out
 
 
 @dataclass
@@ -65,7 +80,8 @@ class Decision:
     split: int                          # COLOCATED or the number of prefill engines
     roles: dict[int, Role]
     switch: bool
-    scores: dict[int, float]            # split -> predicted score (s from now): sync completion, async mean end
+    scores: dict[int, float]            # split -> predicted score (s from now): sync completion, async mean
+                                        # end; inf: sure to lose by more than the hysteresis (not run out)
     current: Outcome                    # the what-if under the present allocation (the forecast)
 
 
@@ -75,6 +91,7 @@ class Planner:
         self.cluster, self.whatif, self.mode = cluster, whatif, mode
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates = max_candidates
+        self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
 
     def score(self, outcome: Outcome) -> float:
         """Sync: the step's end (its slowest trajectory); async: the mean end of the rolling set."""
@@ -92,15 +109,21 @@ class Planner:
 
     def decide(self, view: ClusterView, current: int, futures: list[FutureTrajectory],
                new: list[FutureTrajectory], max_in_flight: int) -> Decision:
+        """Score the present allocation (run to the end: it is also the forecast), then the other
+        candidates, the best of the last plan first; a candidate stops as soon as it is sure to end
+        later than the best so far by more than the hysteresis (it could not be chosen), and scores inf."""
         now_roles = [e.role for e in view.engines]
         outcomes: dict[int, Outcome] = {}
         roles_of: dict[int, dict[int, Role]] = {}
-        for split in {current, *self.candidates(current)}:
+        others = sorted(set(self.candidates(current)) - {current}, key=lambda k: (self._last.get(k, np.inf), k))
+        for split in [current, *others]:
             roles = target_roles(view, split)
             roles_of[split] = roles
+            bound = min((self.score(o) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
-                                              new, max_in_flight)
+                                              new, max_in_flight, bound=bound, on_mean_end=self.mode != "sync")
         scores = {k: self.score(o) for k, o in outcomes.items()}
+        self._last = scores
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}
         top = min(scores.values())
         # candidates within the sampling noise of the best are equally good: take the one that moves
@@ -128,6 +151,7 @@ class Planner:
             return {k: float(np.mean([self.score(self.whatif.run([], roles[k], roles[k], new, max_in_flight))
                                       for new in group])) for k in splits}
         scores = scores_of(samples)
+        self._last = scores
         if not hedges:
             return min(scores, key=lambda k: (scores[k], k)), scores
         mixes = [scores] + [scores_of([h]) for h in hedges]

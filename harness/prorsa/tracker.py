@@ -50,6 +50,7 @@ class LifecycleTracker:
         self.tool_latencies: dict[str, deque[float]] = {}
         self.tool_outputs: dict[str, deque[int]] = {}
         self.first_prompts: dict[str, deque[int]] = {}
+        self.trajectory_outputs: dict[str, deque[list[int]]] = {}   # family -> ended trajectories' outputs
         self.start_families: deque[str] = deque(maxlen=history)   # the families of the newest starts
         self.started = 0
         self.tpot: dict[int, float] = {}                   # engine -> last observed time per output token
@@ -94,6 +95,8 @@ class LifecycleTracker:
             self._keep(self.tool_outputs, s.family, e.tokens)
         elif e.kind == K.TRAJECTORY_END:
             self._keep(self.finished_turns, s.family, s.turn + 1)
+            if s.outputs:
+                self._keep(self.trajectory_outputs, s.family, s.outputs)
             s.phase = Phase.DONE
             del self.live[e.trajectory_id]
 
@@ -108,6 +111,15 @@ class LifecycleTracker:
                 out["output_tokens"].setdefault(s.family, []).append((now - s.phase_since) / tpot)
             elif s.phase == Phase.TOOL:
                 out["tool_latency_s"].setdefault(s.family, []).append(now - s.phase_since)
+        return out
+
+    def output_groups(self) -> dict[str, list[list[int]]]:
+        """Per family, the output tokens of each trajectory's finished turns (ended trajectories and
+        live ones): how much of the spread of output lengths is the trajectory's own."""
+        out = {f: list(v) for f, v in self.trajectory_outputs.items()}
+        for s in self.live.values():
+            if s.outputs:
+                out.setdefault(s.family, []).append(s.outputs)
         return out
 
     def _keep(self, store: dict[str, deque], family: str, value) -> None:

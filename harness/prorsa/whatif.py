@@ -21,6 +21,7 @@ ready and sequences decoding, per bin.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -62,6 +63,7 @@ class Outcome:
     ends: list[float]                   # each trajectory's end, from now
     prefill_tokens: np.ndarray          # per bin: tokens of prompts that become ready
     decode_seqs: np.ndarray             # per bin: sequences decoding at the bin's middle
+    pruned: bool = False                # stopped once it could no longer score under the bound (scores inf)
 
 
 def sample_excess(values: np.ndarray, above: float, rng: np.random.Generator) -> float:
@@ -76,9 +78,19 @@ def draw(values: np.ndarray, rng: np.random.Generator) -> float:
     return float(values[rng.integers(len(values))])
 
 
+MAX_SHARED = 0.95   # keeps some turn-to-turn spread when the data say a trajectory's turns are alike
+
+
 @dataclass
 class FutureSampler:
-    """Samples trajectories' futures from per-family distributions (sorted samples)."""
+    """Samples trajectories' futures from per-family distributions (sorted samples).
+
+    A trajectory's output lengths share its own level (`output_shared`, the intraclass correlation of
+    log output tokens): a trajectory that wrote long answers so far keeps writing long ones, and a new
+    one draws its level once for all its turns. Why: in sync RL the step ends with its slowest
+    trajectory, which is the one with many turns *and* long answers; drawing each turn afresh averages
+    its answers out and predicted a decode-bound split 14% too fast (heavy_prefill, 6P2D: 34.1 s
+    predicted, 39.8 s measured), ranking it above the split that wins."""
 
     outputs: dict[str, np.ndarray]
     tool_latency: dict[str, np.ndarray]
@@ -86,8 +98,45 @@ class FutureSampler:
     turns: dict[str, np.ndarray]
     first_prompts: dict[str, np.ndarray]
     max_context: dict[str, int]         # per family: no turn's prompt + output grows past it
+    output_shared: dict[str, float] = field(default_factory=dict)
 
-    def later_turns(self, family: str, context: int, count: int, rng) -> list[FutureTurn]:
+    def __post_init__(self):
+        self._log_stats = {}
+        for f, v in self.outputs.items():
+            logs = np.log(np.maximum(np.asarray(v, dtype=float), 1.0))
+            self._log_stats[f] = (float(logs.mean()), float(logs.var()))
+
+    def output_level(self, family: str, observed: list[int], rng) -> float:
+        """A trajectory's own log-offset of output length: its random effect given the `observed`
+        outputs of its finished turns (normal-normal posterior, shrunk toward the family as the
+        one-way random-effects model gives), drawn once per trajectory. 0 when turns are independent."""
+        rho = min(self.output_shared.get(family, 0.0), MAX_SHARED)
+        if rho <= 0:
+            return 0.0
+        mu, var = self._log_stats[family]
+        shared, own = rho * var, (1 - rho) * var
+        n = len(observed)
+        mean = n * shared / (n * shared + own) * (float(np.mean(np.log(np.maximum(observed, 1)))) - mu) if n else 0.0
+        return mean + math.sqrt(shared * own / (n * shared + own)) * float(rng.standard_normal())
+
+    def output(self, family: str, level: float, rng, above: float = 0.0) -> float:
+        """One turn's output tokens at the trajectory's `level` (more than `above`, if given): a draw from
+        the family's distribution, its deviation from the family's log mean kept at the turn's own
+        share of the spread and shifted by the level. The family's distribution when `level` is 0 and
+        turns are independent."""
+        values = self.outputs[family]
+        rho = min(self.output_shared.get(family, 0.0), MAX_SHARED)
+        if rho <= 0:
+            return sample_excess(values, above, rng) if above else draw(values, rng)
+        mu, _ = self._log_stats[family]
+        scale = math.sqrt(1 - rho)
+        if above:   # the same event in the family's scale: level-adjusted x > above
+            x = sample_excess(values, math.exp(mu + (math.log(max(above, 1.0)) - mu - level) / scale), rng)
+        else:
+            x = draw(values, rng)
+        return min(math.exp(mu + level + scale * (math.log(max(x, 1.0)) - mu)), float(values[-1]))
+
+    def later_turns(self, family: str, context: int, count: int, rng, level: float = 0.0) -> list[FutureTurn]:
         """`count` turns after a tool call ends a turn whose context (prompt + output) is `context`."""
         out = []
         for _ in range(count):
@@ -95,7 +144,7 @@ class FutureSampler:
             cap = self.max_context[family]
             if context + new + 1 >= cap:
                 break   # the tool output does not fit: the agent framework ends the trajectory
-            tokens = min(max(int(draw(self.outputs[family], rng)), 1), cap - context - new)
+            tokens = min(max(int(self.output(family, level, rng)), 1), cap - context - new)
             out.append(FutureTurn(context + new, context, tokens, draw(self.tool_latency[family], rng)))
             context += new + tokens
         if out:
@@ -113,20 +162,21 @@ class FutureSampler:
         for s in tracker.live.values():
             f = s.family
             more = self.turns_left(f, s.turn, rng)
+            level = self.output_level(f, s.outputs, rng)
             if s.phase == Phase.TOOL:
                 # a tool call follows every turn but the last: one more turn at least
                 elapsed = now - s.phase_since
                 ready = sample_excess(self.tool_latency[f], elapsed, rng) - elapsed
-                turns = self.later_turns(f, s.context + s.outputs[-1], max(more, 1), rng)
+                turns = self.later_turns(f, s.context + s.outputs[-1], max(more, 1), rng, level)
                 if not turns:
                     continue
             else:
                 generated = round((now - s.phase_since) / tpot) if s.phase == Phase.DECODING else 0
-                total = sample_excess(self.outputs[f], generated, rng) if generated else draw(self.outputs[f], rng)
+                total = self.output(f, level, rng, above=generated)
                 prompt = s.context + int(generated)
                 left = min(max(int(round(total - generated)), 1), max(self.max_context[f] - prompt, 1))
                 cached = prompt - (s.appended if s.phase == Phase.QUEUED else 1)
-                later = self.later_turns(f, prompt + left, more, rng)
+                later = self.later_turns(f, prompt + left, more, rng, level)
                 first = FutureTurn(prompt, max(cached, 0), left, draw(self.tool_latency[f], rng) if later else 0.0)
                 turns, ready = [first] + later, 0.0
             tid = s.trajectory_id
@@ -142,10 +192,11 @@ class FutureSampler:
         for i in range(count):
             f = families[int(rng.choice(len(families), p=p))]
             cap = self.max_context[f]
+            level = self.output_level(f, [], rng)
             prompt = min(max(int(draw(self.first_prompts[f], rng)), 1), cap - 1)
-            tokens = min(max(int(draw(self.outputs[f], rng)), 1), cap - prompt)
+            tokens = min(max(int(self.output(f, level, rng)), 1), cap - prompt)
             more = self.turns_left(f, 0, rng)
-            later = self.later_turns(f, prompt + tokens, more, rng)
+            later = self.later_turns(f, prompt + tokens, more, rng, level)
             first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[f], rng) if later else 0.0)
             out.append(FutureTrajectory(first_id + i, f, 0.0, [first] + later))
         return out
@@ -169,6 +220,10 @@ class _Run:
     decode_spans: list[tuple[float, float]] = field(default_factory=list)
     decode_start: dict[int, float] = field(default_factory=dict)
     in_flight: int = 0
+    bound: float = math.inf             # the score to beat (the last end, or the mean end if on_mean_end)
+    on_mean_end: bool = False
+    deadline: float = math.inf          # past this instant the run cannot score under its bound
+    ends_total: float = 0.0
 
     def __post_init__(self):
         self.prefill = np.zeros(self.bins)
@@ -196,6 +251,14 @@ class _Run:
         else:
             self.backend.submit(req, r)
 
+    def on_end(self) -> None:
+        """Move the deadline: the last end exceeds the bound once the clock passes it with work left;
+        the mean end once even every unfinished trajectory ending right now would leave it above."""
+        left = len(self.futures) - len(self.ends)
+        if self.bound == math.inf or not left:
+            return
+        self.deadline = (self.bound * len(self.futures) - self.ends_total) / left if self.on_mean_end else self.bound
+
     def on_event(self, e: LifecycleEvent) -> None:
         self.prefix.observe(e)
         K = EventKind
@@ -209,6 +272,8 @@ class _Run:
                 self.backend.call_later(ft.turns[e.turn].tool_latency_s, partial(self.turn_ready, ft, e.turn + 1))
             else:
                 self.ends.append(e.t)
+                self.ends_total += e.t
+                self.on_end()
                 self.in_flight -= 1
                 while self.waiting_new and self.in_flight < self.max_in_flight:
                     self.start(self.waiting_new.pop(), 0.0)
@@ -225,11 +290,15 @@ class WhatIf:
         self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
 
     def run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
-            new: list[FutureTrajectory] = (), max_in_flight: int = 0) -> Outcome:
+            new: list[FutureTrajectory] = (), max_in_flight: int = 0, bound: float = math.inf,
+            on_mean_end: bool = False) -> Outcome:
+        """The what-if under `roles` (reached from `roles_now`). With a `bound`, the run stops as soon
+        as its score (the last end; the mean end if `on_mean_end`) is sure to exceed it, and scores inf:
+        a candidate that cannot win is not run to its end (branch and bound; the result is exact)."""
         backend = SimBackend(self.cluster, list(roles_now))
         self._warm_caches(backend, futures)
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
-                   max(max_in_flight, len(futures)), self.bin_s, self.bins)
+                   max(max_in_flight, len(futures)), self.bin_s, self.bins, bound=bound, on_mean_end=on_mean_end)
         for ft in futures:   # where each trajectory's KV lives, as the real router knows it
             if ft.decode_engine is not None:
                 run.prefix.decode_engine[ft.trajectory_id] = ft.decode_engine
@@ -242,12 +311,15 @@ class WhatIf:
             run.start(ft, ft.ready_s)
         while run.waiting_new and run.in_flight < run.max_in_flight:
             run.start(run.waiting_new.pop(), 0.0)
-        backend.run()
+        run.on_end()
+        backend.run(stop=lambda: backend.loop.now > run.deadline)
         mids = (np.arange(self.bins) + 0.5) * self.bin_s
         decode = np.zeros(self.bins)
         for a, b in run.decode_spans:
             decode += (mids >= a) & (mids < b)
         ends = run.ends
+        if len(ends) < len(run.futures):
+            return Outcome(math.inf, math.inf, math.inf, ends, run.prefill, decode, pruned=True)
         return Outcome(completion_s=max(ends, default=0.0), mean_end_s=float(np.mean(ends)) if ends else 0.0,
                        mean_turn_latency_s=float(np.mean(run.latencies)) if run.latencies else 0.0,
                        ends=ends, prefill_tokens=run.prefill, decode_seqs=decode)

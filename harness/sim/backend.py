@@ -198,17 +198,18 @@ class SimBackend:
             e.stale = True
             self._stale.append(e)
 
-    def run(self) -> None:
+    def run(self, stop: Callable[[], bool] | None = None) -> None:
+        """Run the events until none is left (or until `stop()` says so before an event)."""
         # A run allocates objects that live to its end (turn records, scripts, caches) and makes
         # almost no reference cycles; full collections would rescan that growing heap again and
         # again (about a tenth of a 1,024-GPU run). Young generations are still collected.
         t0, t1, t2 = gc.get_threshold()
         gc.set_threshold(t0, t1, _NO_FULL_COLLECTION)
         try:
-            self.loop.run()
+            self.loop.run(stop)
         finally:
             gc.set_threshold(t0, t1, t2)
-        self.finished = True
+        self.finished = stop is None
 
     def engine_timeline(self) -> list[dict]:
         return self.timeline.rows(self.loop.now)

@@ -63,6 +63,9 @@ def test_priors_cover_every_family_drawn(workload, trace):
             if isinstance(prior, int):   # the caps
                 assert prior >= 1
                 continue
+            if isinstance(prior, float):   # the share of output length a trajectory's turns share
+                assert 0 <= prior <= 1
+                continue
             assert prior.median >= 0 and prior.sigma >= 0
 
 

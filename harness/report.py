@@ -5,8 +5,11 @@ into OUT (default: the first DIR):
 - speedup.csv / speedup.md / speedup.tex: one row per workload x mode x cluster (x any other setting that
   varies inside it), one column per policy: rollout-time speedup over colocate on the same row and seed
   (mean and std over seeds), and efficiency against lower_bound_s;
-- figures/*.png and *.pdf: demand vs engines per role over time, CDF of trajectory completion time,
-  speedup bars, makespan vs the P:D split of fixed_pd runs.
+- figures/, each as PNG and PDF at a printable width (harness/figure_style.py: one policy order and colour
+  map for all of them): per row, demand vs engines per role (demand_*), CDF of trajectory completion time
+  (completion_cdf_*), makespan vs the P:D split of fixed_pd runs (makespan_vs_pd_*) and, per prorsa
+  policy, its decisions and forecast over time (prorsa_timeline_*); over all rows, speedup bars
+  (speedup_bars).
 A failed or partial run is listed in a "failed runs" section and never enters a mean.
 """
 from __future__ import annotations
@@ -16,11 +19,17 @@ import json
 import logging
 import math
 import re
+import textwrap
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
+
+from harness.figure_style import (COLORS, COLUMN_IN, PAGE_IN, RC, ROLE_COLORS, policy_color, policy_label,
+                                  policy_order)
 
 SUMMARY_ROWS = [("policy", "{}"), ("workload", "{}"), ("mode", "{}"), ("cluster", "{}"),
                 ("completed_trajectories", "{}"), ("rollout_time_s", "{:.2f}"), ("lower_bound_s", "{:.2f}"),
@@ -53,6 +62,16 @@ class Run:
     @property
     def complete(self) -> bool:
         return not self.problem
+
+    @property
+    def experiment(self) -> str:
+        """The run's `+experiment=NAME` ("" without one): experiment configs are `@package _global_`,
+        so only the overrides name them."""
+        for override in self.overrides:
+            key, _, value = override.partition("=")
+            if key.lstrip("+~") == "experiment":
+                return value
+        return ""
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -112,13 +131,14 @@ def runs_frame(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for r in done:
         s = r.summary
-        rows.append({"path": str(r.path), "policy_name": s["policy"], "workload": s["workload"], "mode": s["mode"],
+        rows.append({"path": str(r.path), "policy_name": s["policy"], "experiment": r.experiment or s["workload"],
+                     "workload": s["workload"], "mode": s["mode"],
                      "cluster": s["cluster"], "seed": s["seed"], "rollout_time_s": s["rollout_time_s"],
                      "lower_bound_s": s["lower_bound_s"], "efficiency": s["efficiency_vs_lower_bound"],
                      "num_prefill": r.config.get("policy.num_prefill"),
                      "num_engines": r.config.get("cluster.num_engines")})
-    df = pd.DataFrame(rows, columns=["path", "policy_name", "workload", "mode", "cluster", "seed", "rollout_time_s",
-                                     "lower_bound_s", "efficiency", "num_prefill", "num_engines"])
+    df = pd.DataFrame(rows, columns=["path", "policy_name", "experiment", "workload", "mode", "cluster", "seed",
+                                     "rollout_time_s", "lower_bound_s", "efficiency", "num_prefill", "num_engines"])
     df["policy"], df["setting"] = df["policy_name"], ""
     for name, idx in df.groupby("policy_name").groups.items():
         configs = [done[i].config for i in idx]
@@ -130,10 +150,6 @@ def runs_frame(runs: list[Run]) -> pd.DataFrame:
         keys = _varying(configs, lambda k: not k.startswith("policy.") and k.split(".")[0] not in IGNORED_KEYS)
         df.loc[idx, "setting"] = [_label(c, keys) for c in configs]
     return df
-
-
-def _policy_order(policies) -> list[str]:
-    return sorted(set(policies), key=lambda p: (p != BASELINE, p))
 
 
 def best_fixed(per_seed: pd.DataFrame) -> pd.DataFrame:
@@ -191,7 +207,7 @@ def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
 def _wide(table: pd.DataFrame) -> pd.DataFrame:
     wide = table.pivot(index=ROW_KEYS, columns="policy",
                        values=["speedup", "speedup_std", "efficiency", "seeds"])
-    policies = _policy_order(table["policy"])
+    policies = policy_order(table["policy"])
     cols = [(v, p) for p in policies for v in ("speedup", "speedup_std", "efficiency", "seeds")]
     wide = wide.reindex(columns=pd.MultiIndex.from_tuples(cols))
     wide.columns = [f"{v}[{p}]" for v, p in wide.columns]
@@ -215,7 +231,7 @@ def _display(table: pd.DataFrame, value: str) -> pd.DataFrame:
             row[r["policy"]] = _cell(r[value], r[f"{value}_std"], int(r["seeds"]))
         rows.append(row)
     out = pd.DataFrame(rows)
-    policies = _policy_order(table["policy"])
+    policies = policy_order(table["policy"])
     out = out.reindex(columns=ROW_KEYS + policies).fillna("-")
     return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
@@ -267,131 +283,260 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     return df
 
 
-# --- figures --------------------------------------------------------------------------------------
+# --- figures ---------------------------------------------------------------------------------------
+def _slug(text: str) -> str:
+    """A file name; a long one (a row with many varying settings) is cut and keeps a hash of the rest,
+    under the file systems' 255 bytes."""
+    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", text)
+    return slug if len(slug) <= 120 else f"{slug[:100]}_{zlib.crc32(slug.encode()):08x}"
+
+
+def _best_split(grp: pd.DataFrame) -> str | None:
+    """The fixed_pd split with the shortest mean rollout time in `grp` (None without fixed_pd runs)."""
+    fixed = grp[grp["policy_name"] == "fixed_pd"]
+    return None if fixed.empty else fixed.groupby("policy")["rollout_time_s"].mean().idxmin()
+
+
+def _seeds(counts: pd.Series, spread: str) -> str:
+    """`n=` for a title, from the number of seeds behind each line or bar, and what shows their spread
+    (nothing to show with one seed)."""
+    lo, hi = int(counts.min()), int(counts.max())
+    if hi == 1:
+        return "n=1 seed"
+    return (f"n={hi} seeds" if lo == hi else f"n={lo}-{hi} seeds") + f"; {spread}"
+
+
+def _demand_policies(grp: pd.DataFrame, best_split: str | None) -> list[str]:
+    """colocate, the best fixed split, prorsa and oracle_pd (the next in the fixed order for one that is
+    missing): the four a reader compares; more rows would not print."""
+    others = set(grp.loc[grp["policy_name"] == "fixed_pd", "policy"]) - {best_split}
+    return [p for p in policy_order(grp["policy"]) if p not in others][:4]
+
+
+def _fit(title: str, width: int = 100) -> str:
+    """Wrap a title to the figure's width (in characters of 8-pt text): a row's or a policy's settings
+    can run long."""
+    return "\n".join(textwrap.fill(re.sub(r",(?=\S)", ", ", line), width, break_long_words=False)
+                     for line in title.split("\n"))
+
+
+def _engines(ax, ts: pd.DataFrame) -> None:
+    """Engines per role over time, stacked."""
+    from matplotlib.ticker import MaxNLocator
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
+    ax.stackplot(ts["t_s"], *[ts[f"engines_{role}"] for role in ROLE_COLORS], labels=list(ROLE_COLORS),
+                 colors=list(ROLE_COLORS.values()), step="post")
+
+
+def _completion_times(path: str) -> np.ndarray:
+    """Each trajectory's completion time: its last token minus the moment its first prompt was ready."""
+    lc = pd.read_parquet(Path(path) / "lifecycle.parquet", columns=["trajectory_id", "t_ready", "t_decode_end"])
+    per = lc.groupby("trajectory_id").agg(start=("t_ready", "min"), end=("t_decode_end", "max"))
+    return np.sort((per["end"] - per["start"]).to_numpy())
+
+
 @dataclass
 class Figures:
-    """Seaborn figures from the runs frame and the per-run parquet files, PNG and PDF each."""
+    """Matplotlib figures from the runs frame and the per-run parquet files, PNG and PDF each, at print
+    widths (figure_style)."""
 
     df: pd.DataFrame
     out: Path
     written: list[Path] = field(default_factory=list)
 
     def save(self, fig, name: str) -> None:
+        """Constrained layout keeps legends inside the figure, so the file is exactly the figure's size."""
         import matplotlib.pyplot as plt
         for ext in ("png", "pdf"):
-            path = self.out / f"{name}.{ext}"
-            fig.savefig(path, bbox_inches="tight", dpi=120)
+            path = self.out / f"{_slug(name)}.{ext}"
+            fig.savefig(path)
             self.written.append(path)
         plt.close(fig)
 
     def groups(self):
+        """One report row at a time, titled by its experiment (the workload where a run names none)."""
         for key, grp in self.df.groupby(ROW_KEYS, sort=True):
-            title = " / ".join(k for k in key if k)
-            slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", "_".join(k for k in key if k))
-            yield title, slug, grp
+            _, mode, cluster, setting = key
+            experiment = ", ".join(sorted(grp["experiment"].unique()))
+            title = f"{experiment} · {mode} · {cluster}" + (f"\n{setting}" if setting else "")
+            yield title, "_".join(k for k in key if k), grp
 
     def all(self) -> list[Path]:
         import matplotlib
         matplotlib.use("Agg")
-        import seaborn as sns
-        sns.set_theme(style="whitegrid", context="paper")
+        import matplotlib.pyplot as plt
         if self.df.empty:
             return self.written
         self.out.mkdir(parents=True, exist_ok=True)
-        for title, slug, grp in self.groups():
-            self.demand(title, slug, grp)
-            self.completion_cdf(title, slug, grp)
-            self.pd_split(title, slug, grp)
-        self.speedup_bars()
+        with plt.rc_context(RC):
+            for title, slug, grp in self.groups():
+                self.demand(title, slug, grp)
+                self.completion_cdf(title, slug, grp)
+                self.pd_split(title, slug, grp)
+                self.prorsa_timelines(title, slug, grp)
+            self.speedup_bars()
         return self.written
 
     def demand(self, title: str, slug: str, grp: pd.DataFrame) -> None:
-        """Prefill and decode demand against engines per role, one column per policy (its first seed)."""
+        """Prefill and decode demand against engines per role: one row per policy (its first seed), at most
+        four, every panel of a column on the same axes."""
         import matplotlib.pyplot as plt
-        firsts = [g.sort_values("seed").iloc[0] for _, g in grp.groupby("policy")]
-        firsts = [r for r in firsts if (Path(r["path"]) / "timeseries.parquet").exists()]
-        if not firsts:
+        from matplotlib.ticker import EngFormatter
+        with_ts = grp[[(Path(p) / "timeseries.parquet").exists() for p in grp["path"]]]
+        best = _best_split(grp)
+        policies = _demand_policies(with_ts, best)
+        if not policies:
             return
-        firsts.sort(key=lambda r: _policy_order(grp["policy"]).index(r["policy"]))
-        fig, axes = plt.subplots(2, len(firsts), figsize=(5 * len(firsts), 5), sharex="col", squeeze=False,
-                                 layout="constrained")
-        for col, r in enumerate(firsts):
+        fig, axes = plt.subplots(len(policies), 3, figsize=(PAGE_IN, 1.1 + 1.2 * len(policies)), sharex=True,
+                                 sharey="col", squeeze=False, layout="constrained")
+        for row, policy in zip(axes, policies):
+            r = with_ts[with_ts["policy"] == policy].sort_values("seed").iloc[0]
             ts = pd.read_parquet(Path(r["path"]) / "timeseries.parquet")
-            top, bottom = axes[0][col], axes[1][col]
-            top.plot(ts["t_s"], ts["prefill_demand_tokens"], color="C0", label="prefill: waiting tokens")
-            if col == 0:
-                top.set_ylabel("prefill: waiting tokens", color="C0")
-                bottom.set_ylabel("engines")
-            twin = top.twinx()
-            twin.plot(ts["t_s"], ts["decode_requests"], color="C1", label="decode: requests decoding")
-            if col == len(firsts) - 1:
-                twin.set_ylabel("decode: requests decoding", color="C1")
-            twin.grid(False)
-            top.set_title(f"{r['policy']} (seed {r['seed']})")
-            roles = ["engines_prefill", "engines_decode", "engines_colocated", "engines_switching"]
-            bottom.stackplot(ts["t_s"], *[ts[c] for c in roles], labels=[c.removeprefix("engines_") for c in roles],
-                             colors=["C0", "C1", "C2", "0.6"], step="post")
-            bottom.set_xlabel("simulated time (s)")
-        axes[1][-1].legend(loc="upper right", fontsize="small")
-        fig.suptitle(f"Demand vs engines per role: {title}")
+            color = policy_color(policy, best)
+            row[0].plot(ts["t_s"], ts["prefill_demand_tokens"], color=color)
+            row[1].plot(ts["t_s"], ts["decode_requests"], color=color)
+            _engines(row[2], ts)
+            row[0].set_ylabel(_fit(f"{policy_label(policy, best)}\nseed {r['seed']}".replace("[", "\n["), 24),
+                              color=color)
+        axes[0][0].yaxis.set_major_formatter(EngFormatter())
+        for ax, heading in zip(axes[0], ["prefill: waiting tokens", "decode: requests decoding", "engines per role"]):
+            ax.set_title(heading)
+        for ax in axes[-1]:
+            ax.set_xlabel("simulated time (s)")
+        fig.legend(*axes[0][2].get_legend_handles_labels(), loc="outside lower center", ncols=len(ROLE_COLORS))
+        seeds = _seeds(grp.groupby("policy")["seed"].nunique(), "other seeds not shown")
+        fig.suptitle(_fit(f"Demand vs engines per role: {title}\nfirst seed of each policy ({seeds})"))
         self.save(fig, f"demand_{slug}")
 
     def completion_cdf(self, title: str, slug: str, grp: pd.DataFrame) -> None:
-        """Trajectory completion time: its last token minus the moment its first prompt was ready."""
+        """CDF of trajectory completion time, a policy's seeds pooled; the band spans the seeds' own CDFs."""
         import matplotlib.pyplot as plt
-        import seaborn as sns
-        frames = []
-        for _, r in grp.iterrows():
-            lc = pd.read_parquet(Path(r["path"]) / "lifecycle.parquet", columns=["trajectory_id", "t_ready",
-                                                                                 "t_decode_end"])
-            per = lc.groupby("trajectory_id").agg(start=("t_ready", "min"), end=("t_decode_end", "max"))
-            frames.append(pd.DataFrame({"completion_s": per["end"] - per["start"], "policy": r["policy"]}))
-        data = pd.concat(frames, ignore_index=True)
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        sns.ecdfplot(data=data, x="completion_s", hue="policy", hue_order=_policy_order(data["policy"]), ax=ax)
+        best = _best_split(grp)
+        policies = policy_order(grp["policy"])
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 2.6), layout="constrained")
+        for i, policy in enumerate(policies):
+            per_seed = [_completion_times(p) for p in grp.loc[grp["policy"] == policy, "path"]]
+            x = np.sort(np.concatenate(per_seed))
+            color, z = policy_color(policy, best), 2 + len(policies) - i    # the methods compared on top
+            ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", color=color, zorder=z,
+                    label=policy_label(policy, best))
+            if len(per_seed) > 1:
+                cdfs = [np.searchsorted(s, x, side="right") / len(s) for s in per_seed]
+                ax.fill_between(x, np.min(cdfs, axis=0), np.max(cdfs, axis=0), step="post", color=color,
+                                alpha=0.2, linewidth=0, zorder=z)
         ax.set_xlabel("trajectory completion time (s)")
-        ax.set_title(f"Trajectory completion: {title}")
+        ax.set_ylabel("fraction of trajectories")
+        seeds = _seeds(grp.groupby("policy")["seed"].nunique(), "seeds pooled, band: range over seeds")
+        ax.set_title(_fit(f"Trajectory completion: {title}\n{seeds}"))
+        fig.legend(loc="outside right upper")
         self.save(fig, f"completion_cdf_{slug}")
 
     def pd_split(self, title: str, slug: str, grp: pd.DataFrame) -> None:
-        """Makespan of each fixed P:D split, with a horizontal line for every other policy present."""
+        """Makespan of each fixed P:D split (mean, error bars: std over seeds), the best one marked, with a
+        horizontal line (band: std over seeds) for every other policy present."""
         import matplotlib.pyplot as plt
-        import seaborn as sns
-        fixed = grp[(grp["policy_name"] == "fixed_pd") & grp["num_prefill"].notna()].copy()
+        fixed = grp[(grp["policy_name"] == "fixed_pd") & grp["num_prefill"].notna()]
         if fixed.empty:
             return
-        fixed["num_prefill"] = fixed["num_prefill"].astype(int)
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        sns.lineplot(data=fixed, x="num_prefill", y="rollout_time_s", marker="o", errorbar="sd", ax=ax,
-                     label="fixed_pd")
-        others = grp[grp["policy_name"] != "fixed_pd"].groupby("policy")["rollout_time_s"].mean()
-        for i, (policy, t) in enumerate(others.items()):
-            ax.axhline(t, linestyle="--", color=f"C{i + 1}", label=policy)
-        ticks = sorted(fixed["num_prefill"].unique())
+        stats = fixed.groupby(fixed["num_prefill"].astype(int))["rollout_time_s"].agg(["mean", "std", "count"])
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 2.6), layout="constrained")
+        handles = [ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], color=COLORS["fixed_pd"], marker="o",
+                               markersize=3, capsize=2, label="fixed_pd")]
         engines = fixed["num_engines"].dropna()
-        ax.set_xticks(ticks)
-        if not engines.empty:
-            ax.set_xticklabels([f"{p}:{int(engines.iloc[0]) - p}" for p in ticks])
+        names = {p: f"{p}:{int(engines.iloc[0]) - p}" if not engines.empty else str(p) for p in stats.index}
+        best = stats["mean"].idxmin()
+        handles += ax.plot([best], [stats.loc[best, "mean"]], marker="o", markersize=6, linestyle="none",
+                           color=COLORS["best_fixed"], label=f"best split ({names[best]})", zorder=3)
+        others = grp[grp["policy_name"] != "fixed_pd"].groupby("policy")["rollout_time_s"].agg(["mean", "std", "count"])
+        for policy in policy_order(others.index):
+            mean, std, n = others.loc[policy]
+            color = policy_color(policy)
+            handles.append(ax.axhline(mean, linestyle="--", color=color, label=policy))
+            if n > 1:
+                ax.axhspan(mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+        ax.set_xticks(list(stats.index), [names[p] for p in stats.index])
         ax.set_xlabel("P:D split (prefill engines : decode engines)")
         ax.set_ylabel("rollout time (s)")
-        ax.set_title(f"Makespan vs P:D split: {title}")
-        ax.legend(fontsize="small")
+        counts = pd.concat([stats["count"], others["count"]])
+        ax.set_title(_fit(f"Makespan vs P:D split: {title}\n{_seeds(counts, 'error bars and bands: std over seeds')}"))
+        fig.legend(handles=handles, loc="outside right upper")
         self.save(fig, f"makespan_vs_pd_{slug}")
 
-    def speedup_bars(self) -> None:
+    def prorsa_timelines(self, title: str, slug: str, grp: pd.DataFrame) -> None:
+        """For each prorsa policy (its first seed): engines per role with Prorsa's decisions marked, and its
+        forecast for the next bin against what happened (forecast.parquet, when forecasting is on)."""
         import matplotlib.pyplot as plt
-        import seaborn as sns
+        from matplotlib.ticker import EngFormatter
+        for policy in policy_order(grp.loc[grp["policy_name"] == "prorsa", "policy"]):
+            runs = grp[grp["policy"] == policy]
+            r = runs.sort_values("seed").iloc[0]
+            path = Path(r["path"])
+            if not (path / "timeseries.parquet").exists():
+                continue
+            ts = pd.read_parquet(path / "timeseries.parquet")
+            summary = json.loads((path / "summary.json").read_text())
+            fc = pd.read_parquet(path / "forecast.parquet") if (path / "forecast.parquet").exists() else None
+            fc = fc[fc["bin"] == 0] if fc is not None and not fc.empty else None
+            panels = 1 if fc is None else 3
+            fig, axes = plt.subplots(panels, 1, figsize=(PAGE_IN, 1.2 + 1.3 * panels), sharex=True, squeeze=False,
+                                     layout="constrained")
+            axes = axes[:, 0]
+            _engines(axes[0], ts)
+            axes[0].set_ylabel("engines")
+            n = int(r["num_engines"]) if pd.notna(r["num_engines"]) else int(ts.filter(like="engines_").iloc[0].sum())
+            for i, (t, split) in enumerate(summary.get("prorsa_decisions", [])):
+                name = "colocated" if split == 0 else f"{split}P{n - split}D"
+                if i:   # the first decision is the start, every later one a switch
+                    for ax in axes:
+                        ax.axvline(t, color=COLORS["prorsa"], linestyle=":", linewidth=0.8)
+                axes[0].text(t, 0.98, name if i else f"start {name}", transform=axes[0].get_xaxis_transform(),
+                             rotation=90, va="top", ha="right", fontsize=6)
+            if fc is not None:
+                for ax, what, unit in zip(axes[1:], ("prefill", "decode"), ("prompt tokens\nper bin", "sequences")):
+                    ax.plot(fc["t_mid"], fc[f"{what}_actual"], color="0.3", label="actual")
+                    ax.plot(fc["t_mid"], fc[f"{what}_forecast"], color=COLORS["prorsa"], linestyle="--",
+                            label="forecast (next bin)")
+                    ax.set_ylabel(f"{what}\n({unit})")
+                axes[1].yaxis.set_major_formatter(EngFormatter())
+            axes[-1].set_xlabel("simulated time (s)")
+            fig.align_ylabels(axes)
+            handles = [h for ax in axes[:2] for h in ax.get_legend_handles_labels()[0]]
+            fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+            seeds = _seeds(pd.Series([runs["seed"].nunique()]), "the first shown")
+            fig.suptitle(_fit(f"Prorsa decisions: {title}\n{policy}, seed {r['seed']} ({seeds}); "
+                              f"{summary.get('num_role_switches', 0)} engine role switches (dotted)"))
+            self.save(fig, f"prorsa_timeline_{slug}" + ("" if policy == "prorsa" else f"_{policy}"))
+
+    def speedup_bars(self) -> None:
+        """Speedup over colocate per row (mean, error bars: std over seeds). colocate is the line at 1 and
+        best_fixed stands for the fixed splits (makespan_vs_pd shows each)."""
+        import matplotlib.pyplot as plt
         s = speedups(self.df).dropna(subset=["speedup"])
+        s = s[(s["policy"] != BASELINE) & ~s["policy"].str.startswith("fixed_pd[")]
         if s.empty:
             return
-        s["row"] = s[ROW_KEYS].apply(lambda r: "\n".join(v for v in r if v), axis=1)
-        fig, ax = plt.subplots(figsize=(max(5, 1.5 * s["row"].nunique() + 2), 3.5))
-        sns.barplot(data=s, x="row", y="speedup", hue="policy", hue_order=_policy_order(s["policy"]),
-                    errorbar="sd", ax=ax)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("")
+        stats = s.groupby(ROW_KEYS + ["policy"])["speedup"].agg(["mean", "std", "count"])
+        rows = sorted(s.groupby(ROW_KEYS).groups)
+        policies = policy_order(s["policy"])
+        experiments = self.df.groupby(ROW_KEYS)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
+        varying = [i for i, k in enumerate(ROW_KEYS[1:], 1) if s[k].nunique() > 1]
+        ticks = ["\n".join([experiments[row], *[row[i] for i in varying]]) for row in rows]
+        fig, ax = plt.subplots(figsize=(PAGE_IN if len(rows) > 2 else COLUMN_IN, 2.8), layout="constrained")
+        width = 0.8 / len(policies)
+        for j, policy in enumerate(policies):
+            present = [(x, stats.loc[(*row, policy)]) for x, row in enumerate(rows) if (*row, policy) in stats.index]
+            xs = np.array([x for x, _ in present]) + (j - (len(policies) - 1) / 2) * width
+            means = [st["mean"] for _, st in present]
+            errs = [st["std"] for _, st in present]    # NaN (no bar) for one seed
+            ax.bar(xs, means, width, yerr=errs, color=policy_color(policy), label=policy,
+                   error_kw={"linewidth": 0.8, "capsize": 1.5})
+        ax.axhline(1.0, color=COLORS[BASELINE], linewidth=0.8, label=f"{BASELINE} (1.0)")
+        ax.set_xticks(range(len(rows)), ticks, rotation=30 if len(rows) > 4 else 0,
+                      ha="right" if len(rows) > 4 else "center")
         ax.set_ylabel("speedup over colocate")
-        ax.set_title("Rollout-time speedup per workload and mode")
+        ax.set_title(_fit(f"Rollout-time speedup over colocate\n{_seeds(stats['count'], 'error bars: std over seeds')}",
+                          100 if len(rows) > 2 else 45))
+        fig.legend(loc="outside right upper")
         self.save(fig, "speedup_bars")
 
 

@@ -1,27 +1,43 @@
-"""The report from hand-made result files: known speedups, failed runs named and left out, figures written."""
+"""The report from hand-made result files: known speedups, failed runs named and left out, figures written
+(fixed policy colours and order, PNG and PDF at a printable width)."""
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 
-from harness.report import find_runs, main, runs_frame, speedup_table
+from harness.figure_style import MAX_WIDTH_IN, MUTED, policy_color, policy_order
+from harness.report import Figures, find_runs, main, runs_frame, speedup_table
 
 
 def make_run(root: Path, name: str, policy: str, rollout: float, seed: int = 0, workload: str = "search",
-             mode: str = "sync", completed: int = 4, num_prefill: int | None = None, timeseries: bool = True) -> Path:
-    """A run directory as run.py leaves it: .hydra/config.yaml, summary.json and the parquet files."""
+             mode: str = "sync", completed: int = 4, num_prefill: int | None = None, timeseries: bool = True,
+             experiment: str | None = None) -> Path:
+    """A run directory as run.py leaves it: .hydra/config.yaml, summary.json and the parquet files (a prorsa
+    run: its decisions in summary.json and forecast.parquet too)."""
     d = root / name
     (d / ".hydra").mkdir(parents=True)
     policy_cfg = {"_target_": f"baselines.{policy}.X", **({"num_prefill": num_prefill} if num_prefill else {})}
     cfg = {"policy": policy_cfg, "workload": {"name": workload}, "mode": {"name": mode},
            "cluster": {"name": "dense_h100", "num_engines": 8}, "seed": seed}
     (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"policy={policy}", f"seed={seed}"]))
+    overrides = ([f"+experiment={experiment}"] if experiment else []) + [f"policy={policy}", f"seed={seed}"]
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     summary = {"policy": policy, "workload": workload, "mode": mode, "cluster": "dense_h100", "seed": seed,
                "num_trajectories": 4, "completed_trajectories": completed, "rollout_time_s": rollout,
                "lower_bound_s": 50.0, "efficiency_vs_lower_bound": 50.0 / rollout}
+    if policy == "prorsa":
+        summary |= {"prorsa_decisions": [[0.0, 0], [1.0, 2]], "num_role_switches": 2}
+        pd.DataFrame({"t": [0.0, 0.0, 1.0], "bin": [0, 1, 0], "t_mid": [0.5, 1.5, 1.5],
+                      "prefill_forecast": [90.0, 40.0, 45.0], "prefill_actual": [100.0, 50.0, 50.0],
+                      "decode_forecast": [1.0, 2.0, 2.0], "decode_actual": [0.0, 2.0, 2.0]}).to_parquet(
+            d / "forecast.parquet")
     (d / "summary.json").write_text(json.dumps(summary))
     pd.DataFrame({"trajectory_id": [0, 0, 1], "t_ready": [0.0, 5.0, 0.0],
                   "t_decode_end": [3.0, rollout, rollout / 2]}).to_parquet(d / "lifecycle.parquet")
@@ -115,3 +131,104 @@ def test_runs_without_timeseries_or_baseline_still_report(tmp_path):
     assert "| search | sync | dense_h100 | - |" in md
     assert not list((tmp_path / "report" / "figures").glob("demand_*"))
     assert (tmp_path / "report" / "figures" / "makespan_vs_pd_search_sync_dense_h100.png").stat().st_size > 0
+
+
+# --- figures ---------------------------------------------------------------------------------------
+def record_figures(monkeypatch) -> dict:
+    """What each figure the report saves shows, by file name: its axes, text and line colours."""
+    figures = {}
+    save = Figures.save
+
+    def record(self, fig, name):
+        text = [fig.get_suptitle()] + [t for a in fig.axes for t in [a.get_title(), *map(str, a.get_xticklabels())]]
+        figures[name] = {"axes": fig.axes, "text": " ".join(text),
+                         "colors": {line.get_label(): line.get_color() for a in fig.axes for line in a.get_lines()}}
+        save(self, fig, name)
+
+    monkeypatch.setattr(Figures, "save", record)
+    return figures
+
+
+@pytest.fixture(scope="module")
+def six(tmp_path_factory) -> tuple[Path, dict]:
+    """A report on two seeds of colocate, two fixed splits (4P4D the faster), prorsa, oracle_pd and pearl."""
+    root = tmp_path_factory.mktemp("six")
+    for seed in (0, 1):
+        for name, policy, rollout, split in [("colocate", "colocate", 100.0, None), ("pd2", "fixed_pd", 90.0, 2),
+                                             ("pd4", "fixed_pd", 80.0, 4), ("prorsa", "prorsa", 70.0 + 5 * seed, None),
+                                             ("oracle", "oracle_pd", 60.0, None), ("pearl", "pearl", 95.0, None)]:
+            make_run(root, f"{name}_s{seed}", policy, rollout, seed, num_prefill=split, experiment="search_exp")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        drawn = record_figures(monkeypatch)
+        main([str(root)])
+    return root, drawn
+
+
+def test_policy_order_and_colours_are_fixed(tmp_path, six, monkeypatch):
+    mixed = ["pearl", "prorsa[switching=False]", "fixed_pd[num_prefill=10]", "oracle_pd", "my_policy", "prorsa",
+             "fixed_pd[num_prefill=2]", "hindsight_best", "best_fixed", "colocate"]
+    assert policy_order(mixed) == ["colocate", "best_fixed", "fixed_pd[num_prefill=2]", "fixed_pd[num_prefill=10]",
+                                   "hindsight_best", "prorsa", "oracle_pd", "pearl", "prorsa[switching=False]",
+                                   "my_policy"]
+    assert policy_order(mixed) == policy_order(reversed(mixed))
+    assert [policy_color(p) for p in mixed] == [policy_color(p) for p in mixed]
+    assert len({policy_color(p) for p in ["colocate", "best_fixed", "prorsa", "oracle_pd"]}) == 4
+    assert policy_color("my_policy") in MUTED
+    # An unknown name's colour does not depend on Python's per-process string hashing.
+    code = "from harness.figure_style import policy_color; print(policy_color('my_policy'))"
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert outs == {policy_color("my_policy") + "\n"}
+    # The same policy has the same colour in two reports with different sets of policies.
+    make_run(tmp_path, "prorsa", "prorsa", 70.0, experiment="search_exp")
+    make_run(tmp_path, "colocate", "colocate", 100.0, experiment="search_exp")
+    drawn = record_figures(monkeypatch)
+    main([str(tmp_path)])
+    two = drawn["completion_cdf_search_sync_dense_h100"]["colors"]
+    six_colors = six[1]["completion_cdf_search_sync_dense_h100"]["colors"]
+    assert six_colors["prorsa"] == two["prorsa"] == policy_color("prorsa")
+    assert six_colors["colocate"] == two["colocate"] == policy_color("colocate")
+    assert six_colors["fixed_pd[num_prefill=4] (best)"] == policy_color("best_fixed")   # the best split highlighted
+    # The table's columns follow the same order.
+    header = (six[0] / "speedup.md").read_text().split("## Rollout-time speedup")[1].splitlines()[2]
+    assert header.index("| colocate |") < header.index("| best_fixed |") < header.index("| prorsa |") \
+        < header.index("| oracle_pd |") < header.index("| pearl |")
+
+
+def test_every_figure_is_png_and_pdf_at_a_printable_width(six):
+    root, drawn = six
+    figures = root / "figures"
+    written = sorted(p.name for p in figures.iterdir())
+    assert written == sorted(f"{stem}.{ext}" for stem in drawn for ext in ("png", "pdf"))
+    assert set(drawn) == {"demand_search_sync_dense_h100", "completion_cdf_search_sync_dense_h100",
+                          "makespan_vs_pd_search_sync_dense_h100", "prorsa_timeline_search_sync_dense_h100",
+                          "speedup_bars"}
+    for stem in drawn:
+        with Image.open(figures / f"{stem}.png") as image:
+            assert image.size[0] / image.info["dpi"][0] <= MAX_WIDTH_IN, stem
+        media_box = re.search(rb"/MediaBox \[\s*0 0 ([\d.]+)", (figures / f"{stem}.pdf").read_bytes())
+        assert float(media_box[1]) / 72 <= MAX_WIDTH_IN, stem
+    for name, fig in drawn.items():
+        assert "search_exp" in fig["text"] and "n=2 seeds" in fig["text"], name    # experiment and seeds named
+    bars = drawn["speedup_bars"]["axes"][0].containers
+    prorsa = next(b for b in bars if b.get_label() == "prorsa")
+    assert len(prorsa.errorbar.lines[2][0].get_segments()) == 1                    # spread over seeds drawn
+
+
+def test_demand_figure_has_at_most_four_rows_on_shared_axes(six):
+    """Six policies ran; the demand figure shows colocate, the best split, prorsa and oracle_pd."""
+    axes = six[1]["demand_search_sync_dense_h100"]["axes"]
+    assert axes[0].get_gridspec().nrows == 4 and len(axes) == 4 * 3
+    assert [a.get_ylabel().split("\n")[0] for a in axes[::3]] == ["colocate", "fixed_pd", "prorsa", "oracle_pd"]
+    assert "num_prefill=4" in axes[3].get_ylabel() and "(best)" in axes[3].get_ylabel()
+    assert all(axes[0].get_shared_x_axes().joined(axes[0], a) for a in axes)
+    assert all(axes[col].get_shared_y_axes().joined(axes[col], axes[col + 9]) for col in range(3))
+
+
+def test_prorsa_timeline_marks_switches_and_forecast(six):
+    timeline = six[1]["prorsa_timeline_search_sync_dense_h100"]
+    assert len(timeline["axes"]) == 3                    # engines, prefill and decode forecast vs actual
+    assert {"actual", "forecast (next bin)"} <= set(timeline["colors"])
+    switches = [line for line in timeline["axes"][0].get_lines() if list(line.get_xdata()) == [1.0, 1.0]]
+    assert len(switches) == 1                           # the decision at t=1 s; the one at 0 is the start
+    assert "2 engine role switches" in timeline["text"]

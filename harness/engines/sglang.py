@@ -5,17 +5,22 @@ machines have neither. Its test (tests/test_sglang_stub.py) runs it against a ST
 records the calls. Protocol from SGLang's PD disaggregation docs and router (sglang_router):
 
 - Servers: `python -m sglang.launch_server --disaggregation-mode prefill|decode
-  --disaggregation-transfer-backend <b> --disaggregation-bootstrap-port <p> --enable-pd-role-switch`.
-  Colocated engines are launched with `--disaggregation-mode null` and cannot switch (PR #28403 switches
-  only between prefill and decode, plain TP only).
+  --disaggregation-transfer-backend <b> --disaggregation-bootstrap-port <p> [--enable-pd-role-switch]`
+  plus the flags the cluster config gives the engine's role (sglang_cluster_flags: TP, DP attention, EP,
+  chunk size, request cap, mixed chunk, CUDA-graph batch). Colocated engines are launched with
+  `--disaggregation-mode null` and cannot switch (PR #28403 switches only between prefill and decode,
+  plain TP only, so --enable-pd-role-switch only goes to plain-TP prefill and decode engines).
 - Legs: the policy picks both engines, so a turn is sent as mini_lb does: the same /generate request
   (input_ids, max_new_tokens, ignore_eos) to the prefill and the decode engine at once, with
   bootstrap_host/bootstrap_port of the prefill engine and a random 63-bit bootstrap_room.
 - Router (sglang_router, `--pd-disaggregation`): membership follows the roles (POST /workers
   {url, worker_type, bootstrap_port}, DELETE /workers/{id}), for clients that go through it.
-- Role switch: DELETE the worker from the router -> drain (no new legs; in-flight ones finish) ->
-  POST /pd_role_switch {"new_role"} -> POST /workers with the new type. A failed switch marks the
-  instance unhealthy: it is restarted with the new role (when this backend launched it).
+- Role switch (cluster.switch_mechanism, drain or reshard; check_sglang_cluster): DELETE the worker from
+  the router -> drain (no new legs; in-flight ones finish) -> POST /pd_role_switch {"new_role"} -> POST
+  /workers with the new type. Under reshard, a switch between roles of different parallelism (or without
+  in-place switching) relaunches the server with the new role's flags instead. A failed switch marks the
+  instance unhealthy: it is restarted with the new role (when this backend launched it). No extra wait:
+  the time the switch takes is the servers' own (the cluster's switch times are Prorsa's prediction of it).
 """
 from __future__ import annotations
 
@@ -25,31 +30,130 @@ import sys
 from urllib.parse import urlparse
 
 from harness.api import EventKind as K, Role
-from harness.engines.base import EngineGone, EngineRuntime, HttpBackendBase, Job, LegError
+from harness.cluster import ClusterConfig
+from harness.engines.backend import check_extra_args
+from harness.engines.base import EngineGone, EngineRuntime, HttpBackendBase, Job, LegError, reject_removed_keys
 from harness.engines.server import EnginePool, ServerSpec
 
 
-def sglang_argv(cfg: dict, role: Role, bootstrap_port: int, tp: int) -> list[str]:
+# --- the servers' command lines ------------------------------------------------------------------
+# As for vLLM (harness/engines/backend.py): the cluster config is the one source of parallelism, token
+# budgets, batch limits and the switch mechanism; the backend config holds the rest. Flag names from SGLang's
+# ServerArgs.add_cli_args (sgl-project/sglang python/sglang/srt/server_args.py) and its server-arguments page
+# (docs.sglang.io/advanced_features/server_arguments.html).
+
+def sglang_cluster_flags(cluster: ClusterConfig, role: Role) -> list[str]:
+    """The SGLang server flags that come from the cluster config, for an engine launched for `role`."""
+    par = cluster.parallelism[role]
+    gpus = par.tp * par.dp
+    # SGLang's --tp-size counts every GPU of the server; with DP attention each of the --dp-size attention
+    # ranks gets tp_size / dp_size of them ("--tp 8 --dp 8 --enable-dp-attention" is eight TP1 attention ranks:
+    # docs.sglang.io/advanced_features/dp_dpa_smg_guide.html; server_args.py _handle_data_parallelism asserts
+    # tp_size % dp_size == 0).
+    flags = ["--tp-size", str(gpus)]
+    if par.dp > 1:
+        # cluster dp = attention data-parallel ranks of one engine: DP attention, not DP replicas.
+        flags += ["--dp-size", str(par.dp), "--enable-dp-attention"]
+    if par.ep:
+        # experts over all the engine's GPUs: "--expert-parallel-size, --ep-size" (server_args.py;
+        # docs.sglang.io/cookbook/base/reference/server_arguments).
+        flags += ["--ep-size", str(gpus)]
+    # The cluster's chunk size and request cap are per attention rank (as the simulator applies them); SGLang's
+    # flags are per server and divided among DP-attention ranks: chunked_prefill_size // dp_size
+    # (server_args.py _handle_data_parallelism), max_running_requests // dp_size per worker (SGLang PR #20063).
+    flags += ["--chunked-prefill-size", str(cluster.chunked_prefill_size * par.dp),
+              "--max-running-requests", str(cluster.max_num_seqs * par.dp)]
+    if cluster.enable_mixed_chunk:
+        # decodes ride along a prefill batch: "--enable-mixed-chunk" (store_true; server_args.py)
+        flags.append("--enable-mixed-chunk")
+    if cluster.cuda_graph_max_bs > 0:
+        # largest decode batch per rank run as a CUDA graph: "--cuda-graph-max-bs" (server_args.py). 0 in the
+        # cluster (the simulator: no limit) leaves SGLang's own default, which depends on the GPU's memory.
+        flags += ["--cuda-graph-max-bs", str(cluster.cuda_graph_max_bs)]
+    return flags
+
+
+def sglang_switches_in_place(cluster: ClusterConfig, role: Role) -> bool:
+    """Whether an engine launched for `role` gets --enable-pd-role-switch: prefill and decode engines with
+    plain TP (PR #28403 switches only between prefill and decode, without DP attention or EP)."""
+    par = cluster.parallelism[role]
+    return role != Role.COLOCATED and par.dp == 1 and not par.ep
+
+
+def sglang_switch_relaunches(cluster: ClusterConfig, old: Role, new: Role) -> bool:
+    """Whether a switch old -> new relaunches the server with the new role's flags (cluster.switch_mechanism
+    reshard with another parallelism, or a role SGLang cannot switch in place) instead of POST /pd_role_switch."""
+    return (cluster.parallelism[old] != cluster.parallelism[new]
+            or not (sglang_switches_in_place(cluster, old) and sglang_switches_in_place(cluster, new)))
+
+
+def check_sglang_cluster(cluster: ClusterConfig) -> None:
+    """The cluster config must describe what the SGLang backend does, so that the simulator and Prorsa's
+    what-if price what the servers run: SGLang's step semantics and a switch SGLang has."""
+    if cluster.engine != "sglang":
+        raise ValueError(f"cluster.engine={cluster.engine!r} is invalid for the SGLang backend (the what-if would "
+                         "model vLLM's decode-first steps); allowed: sglang")
+    if cluster.switch_mechanism not in ("drain", "reshard"):
+        raise ValueError(f"cluster.switch_mechanism={cluster.switch_mechanism!r} is invalid for the SGLang backend "
+                         "(its PD servers are launched as prefill or decode, there is no kv_both); allowed: "
+                         "drain (POST /pd_role_switch, PR #28403), reshard (relaunch when the parallelism changes)")
+    if cluster.switch_mechanism == "drain":
+        p, d = cluster.parallelism[Role.PREFILL], cluster.parallelism[Role.DECODE]
+        if p != d or not sglang_switches_in_place(cluster, Role.PREFILL):
+            raise ValueError(f"cluster.switch_mechanism='drain' is invalid for the SGLang backend with "
+                             f"cluster.parallelism.prefill={_par(p)} and decode={_par(d)}: /pd_role_switch keeps "
+                             "the parallelism and needs plain TP (no DP attention, no EP; PR #28403); allowed: "
+                             "reshard, or the same {tp, dp: 1, ep: false} for prefill and decode")
+
+
+def _par(p) -> str:
+    return f"{{tp: {p.tp}, dp: {p.dp}, ep: {str(p.ep).lower()}}}"
+
+
+def _sglang_owned_flags(role: Role) -> dict[str, str]:
+    """Flag (every spelling SGLang accepts) -> the cluster key it comes from."""
+    p = f"parallelism.{role.value}"
+    return {"--tp-size": f"{p}.tp", "--tensor-parallel-size": f"{p}.tp", "--tp": f"{p}.tp",
+            "--dp-size": f"{p}.dp", "--data-parallel-size": f"{p}.dp", "--dp": f"{p}.dp",
+            "--enable-dp-attention": f"{p}.dp",
+            "--ep-size": f"{p}.ep", "--expert-parallel-size": f"{p}.ep", "--ep": f"{p}.ep",
+            "--chunked-prefill-size": "chunked_prefill_size", "--max-running-requests": "max_num_seqs",
+            "--enable-mixed-chunk": "enable_mixed_chunk", "--cuda-graph-max-bs": "cuda_graph_max_bs",
+            "--enable-pd-role-switch": "switch_mechanism"}
+
+
+def sglang_argv(cfg: dict, cluster: ClusterConfig, role: Role, bootstrap_port: int) -> list[str]:
+    """The command line of one SGLang engine launched for `role` ("{port}" stands for its port): the backend
+    config's flags, the cluster's (sglang_cluster_flags), the PD flags, then backend.extra_args. Pure."""
+    if not cfg.get("model") or cfg.get("model") == "???":
+        raise ValueError(f"backend.model={cfg.get('model')!r} is invalid; allowed: a model path for --model-path")
+    extra = [str(a) for a in cfg.get("extra_args") or []]
+    check_extra_args(extra, _sglang_owned_flags(role))
     mode = "null" if role == Role.COLOCATED else role.value
     argv = [cfg.get("python") or sys.executable, "-m", "sglang.launch_server", "--model-path", str(cfg["model"]),
-            "--host", "0.0.0.0", "--port", "{port}", "--tp-size", str(tp), "--disaggregation-mode", mode,
-            "--enable-metrics"]
+            "--host", "0.0.0.0", "--port", "{port}", "--disaggregation-mode", mode, "--enable-metrics"]
+    argv += sglang_cluster_flags(cluster, role)
     if role != Role.COLOCATED:
         argv += ["--disaggregation-transfer-backend", cfg.get("transfer_backend", "mooncake"),
-                 "--disaggregation-bootstrap-port", str(bootstrap_port), "--enable-pd-role-switch"]
-    return argv + [str(a) for a in cfg.get("extra_args") or []]
+                 "--disaggregation-bootstrap-port", str(bootstrap_port)]
+        if sglang_switches_in_place(cluster, role):
+            argv.append("--enable-pd-role-switch")
+    return argv + extra
 
 
 class SGLangBackend(HttpBackendBase):
     name = "sglang"
 
     def __init__(self, urls: list[str], roles: list[Role], *, router_url: str | None, bootstrap_ports: list[int],
-                 pool: EnginePool | None = None, argv_for=None, vocab: int = 4096, seed: int = 0, **kw):
+                 pool: EnginePool | None = None, argv_for=None, relaunch=None, vocab: int = 4096, seed: int = 0,
+                 **kw):
         super().__init__(urls, roles, **kw)
         self.router_url = router_url.rstrip("/") if router_url else None
         self.bootstrap_ports = bootstrap_ports
         self.pool = pool
         self._argv_for = argv_for          # (engine_id, role) -> argv, to relaunch with another role
+        self._relaunch = relaunch          # (old, new) -> True: the switch relaunches (reshard), no /pd_role_switch
+        self._launched = dict(enumerate(roles))   # engine -> the role its server's flags are for
         self.vocab = vocab
         self._rng = random.Random(seed)
         self._context: dict[int, list[int]] = {}
@@ -57,22 +161,24 @@ class SGLangBackend(HttpBackendBase):
         self.router_calls: list[tuple] = []   # (method, path, body) sent to the router
 
     @classmethod
-    def from_config(cls, cfg: dict, cluster, roles: list[Role]) -> "SGLangBackend":
+    def from_config(cls, cfg: dict, cluster: ClusterConfig, roles: list[Role]) -> "SGLangBackend":
+        reject_removed_keys(cfg)
+        check_sglang_cluster(cluster)
         n = cluster.num_engines
         base_bp = int(cfg.get("bootstrap_base_port", 8998))
         bps = [base_bp + i for i in range(n)]
-        kw = dict(time_scale=float(cfg.get("time_scale", 1.0)), switch_time_s=float(cfg.get("switch_time_s", 0.0)),
-                  max_retries=int(cfg.get("max_retries", 3)), health_interval_s=float(cfg.get("health_interval_s", 5.0)),
-                  vocab=int(cfg.get("vocab", 4096)))
+        # No extra wait in a switch: the server's own drain and /pd_role_switch (or relaunch) take the time
+        # that cluster.switch_time_s / reshard_switch_time_s predict for Prorsa and the simulator.
+        kw = dict(time_scale=float(cfg.get("time_scale", 1.0)), max_retries=int(cfg.get("max_retries", 3)),
+                  health_interval_s=float(cfg.get("health_interval_s", 5.0)), vocab=int(cfg.get("vocab", 4096)))
         if cfg.get("urls"):                       # servers started elsewhere (or the test STUB)
             if len(cfg["urls"]) != n:
                 raise ValueError(f"backend.urls has {len(cfg['urls'])} entries; cluster.num_engines={n}")
             return cls(list(cfg["urls"]), roles, router_url=cfg.get("router_url"),
                        bootstrap_ports=list(cfg.get("bootstrap_ports") or bps), **kw)
-        tp = cluster.parallelism[Role.PREFILL].tp
 
         def argv_for(i: int, role: Role) -> list[str]:
-            return sglang_argv(cfg, role, bps[i], tp)
+            return sglang_argv(cfg, cluster, role, bps[i])
         specs = [ServerSpec(engine_id=i, argv=argv_for(i, roles[i]), port=int(cfg.get("base_port", 30000)) + i,
                             log_path=f"{cfg.get('log_dir') or '/tmp'}/sglang_engine{i}.log",
                             startup_timeout_s=float(cfg.get("startup_timeout_s", 1200)),
@@ -81,7 +187,7 @@ class SGLangBackend(HttpBackendBase):
         pool = EnginePool(specs, use_ray=bool(ray_cfg.get("enabled", True)), ray_address=ray_cfg.get("address"))
         pool.start()
         return cls(pool.urls, roles, router_url=cfg.get("router_url"), bootstrap_ports=bps, pool=pool,
-                   argv_for=argv_for, **kw)
+                   argv_for=argv_for, relaunch=lambda old, new: sglang_switch_relaunches(cluster, old, new), **kw)
 
     # --- router membership ----------------------------------------------------------------------
     async def _router(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -125,6 +231,14 @@ class SGLangBackend(HttpBackendBase):
         await self._deregister(e)
 
     async def _apply_switch(self, e: EngineRuntime, role: Role) -> None:
+        if self._relaunch is not None and self._relaunch(e.role, role):
+            # reshard: the new role runs another parallelism (or cannot switch in place): relaunch, unless a
+            # restart after a failure already launched it for the new role
+            if self._launched[e.engine_id] != role:
+                e.url = await self._relaunch_as(e.engine_id, role)
+            e.role = role
+            await self._register(e)
+            return
         ok = False
         try:
             async with self.session.post(e.url + "/pd_role_switch", json={"new_role": role.value}) as r:
@@ -136,7 +250,7 @@ class SGLangBackend(HttpBackendBase):
             if self.pool is None:
                 raise RuntimeError(f"engine {e.engine_id}: /pd_role_switch failed ({detail}) and the server "
                                    "was not launched by this backend, so it cannot be restarted")
-            e.url = await self.pool.restart(e.engine_id, self._argv_for(e.engine_id, role))
+            e.url = await self._relaunch_as(e.engine_id, role)
         e.role = role
         await self._register(e)
 
@@ -145,9 +259,15 @@ class SGLangBackend(HttpBackendBase):
             raise RuntimeError(f"engine {engine_id} failed and was not launched by this backend")
         e = self.engines[engine_id]
         await self._deregister(e)
-        url = await self.pool.restart(engine_id, self._argv_for(engine_id, e.target_role or e.role))
+        url = await self._relaunch_as(engine_id, e.target_role or e.role)
         e.url = url
         await self._register(e)
+        return url
+
+    async def _relaunch_as(self, engine_id: int, role: Role) -> str:
+        """Restart the server with the flags of `role` (its parallelism and disaggregation mode)."""
+        url = await self.pool.restart(engine_id, self._argv_for(engine_id, role))
+        self._launched[engine_id] = role
         return url
 
     async def _kill_server(self, engine_id: int) -> None:

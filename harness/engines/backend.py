@@ -115,7 +115,7 @@ def check_extra_args(extra: list[str], owned: dict[str, str]) -> None:
 def vllm_argv(cfg: dict, cluster: ClusterConfig, role: Role = Role.COLOCATED) -> list[str]:
     """The command line of one vLLM engine launched for `role` ("{port}" stands for its port): the backend
     config's flags, the cluster's (vllm_cluster_flags), then backend.extra_args. Pure: nothing is built,
-    started or read. `cfg["model"]` must be a path (server_specs builds the tiny model when it is null) and,
+    started or read. `cfg["model"]` must be a path (vllm_server_specs builds the tiny model when it is null) and,
     with ExampleConnector, `cfg["kv_shared_dir"]` the shared KV directory."""
     extra = [str(a) for a in cfg.get("extra_args") or []]
     check_extra_args(extra, _vllm_owned_flags(role))
@@ -182,15 +182,6 @@ def vllm_server_specs(cfg: dict, cluster: ClusterConfig, roles: list[Role] | Non
     stride = max(p.dp for p in cluster.parallelism.values())
     return [_spec(cfg, i, vllm_argv(cfg, cluster, role), _env(cfg, i, stride), cluster.gpus_per_engine)
             for i, role in enumerate(roles)], cfg["kv_shared_dir"]
-
-
-def server_specs(cfg: dict, num_engines: int, gpus_per_engine: int = 1, tp: int = 1) -> tuple[list[ServerSpec], str]:
-    """DEPRECATED, for harness/perf/calibrate.py until it passes its cluster to vllm_server_specs: without a
-    cluster config only TP is set; the token budget and the rest are vLLM's defaults."""
-    cfg = _resolved(cfg)
-    argv = _vllm_base_argv(cfg) + ["--tensor-parallel-size", str(tp)] + [str(a) for a in cfg.get("extra_args") or []]
-    specs = [_spec(cfg, i, list(argv), _env(cfg, i, 1), gpus_per_engine) for i in range(num_engines)]
-    return specs, cfg["kv_shared_dir"]
 
 
 def _resolved(cfg: dict) -> dict:

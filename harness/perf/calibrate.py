@@ -535,16 +535,15 @@ def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, cont
     steps measured while the other engine works, the upper bracket of CPU contention between servers)."""
     from omegaconf import OmegaConf
 
-    from harness.api import Role
     from harness.cluster import cluster_from_config
-    from harness.engines.backend import server_specs
+    from harness.engines.backend import vllm_server_specs
     from harness.engines.server import EnginePool
     cfg = compose_config(["cluster=cpu_small", *overrides])
     bcfg = OmegaConf.to_container(cfg.backend, resolve=True)
     if bcfg["name"] not in ("vllm_cpu", "vllm"):
         raise ValueError(f"backend.name={bcfg['name']!r}: calibrate profiles a real engine; allowed: vllm_cpu, vllm")
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    specs, kv_dir = server_specs(bcfg, engines, cluster.gpus_per_engine, cluster.parallelism[Role.COLOCATED].tp)
+    specs, kv_dir = vllm_server_specs(bcfg, cluster, num_engines=engines)   # colocated, the cluster's flags
     # Ray actors own the servers, as in the real backend. (Without Ray, EnginePool starts servers from
     # worker threads, and PR_SET_PDEATHSIG sends SIGTERM when that *thread* exits: the server dies at once.)
     ray_cfg = bcfg.get("ray") or {}

@@ -20,6 +20,7 @@ import os
 import time
 import traceback
 from collections import Counter
+from operator import attrgetter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -309,7 +310,8 @@ def record_failure(out_dir: str | os.PathLike, cfg: DictConfig, overrides: list[
 
 
 def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
-    return pd.DataFrame([r.__dict__ for r in result.records], columns=TURN_COLUMNS)
+    row = attrgetter(*TURN_COLUMNS)
+    return pd.DataFrame([row(r) for r in result.records], columns=TURN_COLUMNS)
 
 
 def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResult, df: pd.DataFrame, backend,

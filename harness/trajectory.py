@@ -58,7 +58,7 @@ def validate_script(s: TrajectoryScript) -> None:
                              f"{t.tool_latency_s} must be finite and >= 0")
 
 
-@dataclass
+@dataclass(slots=True)   # one per turn of the run, kept to its end: no per-record __dict__
 class TurnRecord:
     """One row of lifecycle.parquet: one turn of one trajectory. Times in seconds; NaN = never."""
 

@@ -311,7 +311,8 @@ def test_sampled_outputs_keep_the_marginal_and_the_trajectorys_own_level():
 
 def test_shared_output_share_is_learned_from_trajectories():
     """The prior's share until `min_observations` trajectories have two finished turns; then the
-    estimate from them (ended and live): here each trajectory repeats its own length, a share of 1."""
+    estimate from them (ended and live): here each trajectory repeats its own length, a share of 1.
+    Sync only: async plans score a mean end, and draw every turn afresh."""
     from dataclasses import replace
     from harness.prorsa.planner import output_shared
     run = replace(RUN, priors={"fam": replace(FAM, output_shared=0.3)})
@@ -328,6 +329,7 @@ def test_shared_output_share_is_learned_from_trajectories():
             t.observe(E(K.TRAJECTORY_END, 2.0, tid, 1))
     assert sorted(map(tuple, t.output_groups()["fam"])) == [(10, 10), (20, 20), (30, 30), (40, 40)]
     assert output_shared(t, run, 3) == {"fam": 1.0}
+    assert output_shared(t, replace(run, mode="async"), 3) == {}   # async plans draw every turn afresh
 
 
 def test_workloads_state_how_much_a_trajectory_shares_its_output_length():

@@ -65,7 +65,16 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
 def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> dict[str, float]:
     """Per family, how much of the spread of output lengths is the trajectory's own: estimated from the
     trajectories with two finished turns or more once `min_observations` of them are seen (live ones
-    included), the workload's prior until then."""
+    included), the workload's prior until then.
+
+    Sync RL only. The sync score is the step's last end, the tail of per-trajectory totals, which this
+    shapes first-order (heavy_prefill, seeds 0-3: without it the planner chose 6P2D at every seed,
+    0.88-0.97x of the best split; with it 5P3D, the best, at every seed). The async score is a mean end,
+    which it leaves unbiased while making each plan's sample noisier: measured on the shifting
+    experiments it slowed Prorsa at every run tried (kv_both seed 0 855.0 -> 906.6 s, seed 1 840.2 ->
+    863.4 s; reshard seed 0 889.7 -> 939.6 s), so async plans draw every turn afresh."""
+    if run.mode != "sync":
+        return {}
     groups = tracker.output_groups()
     out = {}
     for family, priors in run.priors.items():

@@ -63,7 +63,6 @@ class Outcome:
     ends: list[float]                   # each trajectory's end, from now
     prefill_tokens: np.ndarray          # per bin: tokens of prompts that become ready
     decode_seqs: np.ndarray             # per bin: sequences decoding at the bin's middle
-    pruned: bool = False                # stopped once it could no longer score under the bound (scores inf)
 
 
 def sample_excess(values: np.ndarray, above: float, rng: np.random.Generator) -> float:
@@ -101,19 +100,20 @@ class FutureSampler:
     output_shared: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
-        self._log_stats = {}
-        for f, v in self.outputs.items():
-            logs = np.log(np.maximum(np.asarray(v, dtype=float), 1.0))
-            self._log_stats[f] = (float(logs.mean()), float(logs.var()))
+        # per family with a shared level: (share, mean and variance of log output tokens)
+        self._levels: dict[str, tuple[float, float, float]] = {}
+        for f, rho in self.output_shared.items():
+            if rho > 0:
+                logs = np.log(np.maximum(np.asarray(self.outputs[f], dtype=float), 1.0))
+                self._levels[f] = (min(rho, MAX_SHARED), float(logs.mean()), float(logs.var()))
 
     def output_level(self, family: str, observed: list[int], rng) -> float:
         """A trajectory's own log-offset of output length: its random effect given the `observed`
         outputs of its finished turns (normal-normal posterior, shrunk toward the family as the
         one-way random-effects model gives), drawn once per trajectory. 0 when turns are independent."""
-        rho = min(self.output_shared.get(family, 0.0), MAX_SHARED)
-        if rho <= 0:
+        if family not in self._levels:
             return 0.0
-        mu, var = self._log_stats[family]
+        rho, mu, var = self._levels[family]
         shared, own = rho * var, (1 - rho) * var
         n = len(observed)
         mean = n * shared / (n * shared + own) * (float(np.mean(np.log(np.maximum(observed, 1)))) - mu) if n else 0.0
@@ -125,10 +125,9 @@ class FutureSampler:
         share of the spread and shifted by the level. The family's distribution when `level` is 0 and
         turns are independent."""
         values = self.outputs[family]
-        rho = min(self.output_shared.get(family, 0.0), MAX_SHARED)
-        if rho <= 0:
+        if family not in self._levels:
             return sample_excess(values, above, rng) if above else draw(values, rng)
-        mu, _ = self._log_stats[family]
+        rho, mu, _ = self._levels[family]
         scale = math.sqrt(1 - rho)
         if above:   # the same event in the family's scale: level-adjusted x > above
             x = sample_excess(values, math.exp(mu + (math.log(max(above, 1.0)) - mu - level) / scale), rng)
@@ -312,14 +311,14 @@ class WhatIf:
         while run.waiting_new and run.in_flight < run.max_in_flight:
             run.start(run.waiting_new.pop(), 0.0)
         run.on_end()
-        backend.run(stop=lambda: backend.loop.now > run.deadline)
+        backend.run(None if bound == math.inf else lambda: backend.loop.now > run.deadline)
         mids = (np.arange(self.bins) + 0.5) * self.bin_s
         decode = np.zeros(self.bins)
         for a, b in run.decode_spans:
             decode += (mids >= a) & (mids < b)
         ends = run.ends
         if len(ends) < len(run.futures):
-            return Outcome(math.inf, math.inf, math.inf, ends, run.prefill, decode, pruned=True)
+            return Outcome(math.inf, math.inf, math.inf, ends, run.prefill, decode)   # stopped at its bound
         return Outcome(completion_s=max(ends, default=0.0), mean_end_s=float(np.mean(ends)) if ends else 0.0,
                        mean_turn_latency_s=float(np.mean(run.latencies)) if run.latencies else 0.0,
                        ends=ends, prefill_tokens=run.prefill, decode_seqs=decode)

@@ -206,10 +206,9 @@ class SimBackend:
         t0, t1, t2 = gc.get_threshold()
         gc.set_threshold(t0, t1, _NO_FULL_COLLECTION)
         try:
-            self.loop.run(stop)
+            self.finished = self.loop.run(stop)
         finally:
             gc.set_threshold(t0, t1, t2)
-        self.finished = stop is None
 
     def engine_timeline(self) -> list[dict]:
         return self.timeline.rows(self.loop.now)

@@ -34,7 +34,8 @@ class EventLoop:
         self._seq += 1
         heapq.heappush(self._engine, (t, self._seq, callback, False))
 
-    def run(self, stop: Callable[[], bool] | None = None) -> None:
+    def run(self, stop: Callable[[], bool] | None = None) -> bool:
+        """Run events in order until none is left (returns True) or `stop()` says so before one (False)."""
         heap, engine, pop = self._heap, self._engine, heapq.heappop
         while stop is None or not stop():
             if engine and (not heap or engine[0] < heap[0]):   # (t, seq): never equal
@@ -42,10 +43,11 @@ class EventLoop:
             elif heap:
                 t, _, callback, _ = pop(heap)
             else:
-                return
+                return True
             self.now = t
             self.events_processed += 1
             callback()
+        return False
 
     def without_observers(self) -> list:
         """Drop the observers' callbacks; returns the full heap, to put back with `restore`."""

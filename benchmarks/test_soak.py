@@ -14,12 +14,9 @@ import time
 import numpy as np
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from harness.api import EventKind
-from harness.cluster import cluster_from_config
-from harness.experiment import build_backend, run_info
-from harness.rollout import ModeConfig, RolloutDriver
+from harness.experiment import run_rollout
 from tests.conftest import load_config
 
 # search (short trajectories, fast tools) at 10,000 trajectories: 20 batches of 100 prompts x 5
@@ -64,17 +61,13 @@ class Probe:
 @pytest.mark.large
 def test_soak_10000_trajectories_async_prorsa(benchmark):
     cfg = load_config(SOAK)
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    total = mode.num_steps * cfg.workload.batch_size * cfg.workload.group_size
+    total = cfg.mode.num_steps * cfg.workload.batch_size * cfg.workload.group_size
     assert total == 10_000
     probes = []
 
     def run():
-        cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-        workload = instantiate(cfg.workload, seed=cfg.seed)
         probe = Probe(instantiate(cfg.policy), total)
-        backend = build_backend(cfg, cluster, probe.initial_roles(cluster, run_info(mode, workload)))
-        result = RolloutDriver(workload, probe, backend, mode).run()
+        result, _ = run_rollout(cfg, policy=probe)
         probe.rss["end"] = rss_bytes()
         probes.append(probe)
         return result

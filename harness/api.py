@@ -36,6 +36,8 @@ class EventKind(str, enum.Enum):
     PREEMPTED = "preempted"            # KV dropped; the tokens will be recomputed
     ROLE_SWITCH_START = "role_switch_start"
     ROLE_SWITCH_END = "role_switch_end"
+    PREFIX_CACHE_CLEARED = "prefix_cache_cleared"   # an engine's cached prefixes are gone (a switch reloaded
+                                                    # or reset it): none of its trajectories' KV is there now
     ENGINE_FAILED = "engine_failed"
     ENGINE_RECOVERED = "engine_recovered"   # a failed engine is back, in its role
 

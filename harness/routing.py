@@ -9,10 +9,17 @@ from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Rol
 
 
 _PREFILL_END, _DECODE_END, _TRAJECTORY_END = EventKind.PREFILL_END, EventKind.DECODE_END, EventKind.TRAJECTORY_END
+_CLEARED = EventKind.PREFIX_CACHE_CLEARED
 
 
 class PrefixTracker:
-    """The engine that last prefilled and the engine that last decoded each trajectory."""
+    """The engine that last prefilled and the engine that last decoded each trajectory, while its KV is
+    there: an engine whose prefix cache was cleared (a role switch that reloads or resets it) holds
+    nobody's. Why: a trajectory pinned to an engine that no longer has its KV gains nothing from the
+    pin; after a switch to colocation the former decode engines, which had decoded every live
+    trajectory's turn while draining, kept them all and the engines that had been prefill engines
+    got no work (browse on dense8_h100, 6P2D -> colocated at a sync step's start: 1,090 s to the
+    step's end, against 258 s for colocation throughout)."""
 
     def __init__(self) -> None:
         self.prefill_engine: dict[int, int] = {}
@@ -27,6 +34,10 @@ class PrefixTracker:
         elif kind == _TRAJECTORY_END:
             self.prefill_engine.pop(e.trajectory_id, None)
             self.decode_engine.pop(e.trajectory_id, None)
+        elif kind == _CLEARED:
+            for held in (self.prefill_engine, self.decode_engine):
+                for tid in [t for t, engine in held.items() if engine == e.engine_id]:
+                    del held[tid]
 
 
 def prefill_load(e: EngineState) -> tuple:

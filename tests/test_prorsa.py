@@ -106,6 +106,22 @@ def test_whatif_predicts_the_measured_rollout(split):
     assert predicted == pytest.approx(measured.rollout_time_s, rel=0.2)
 
 
+def test_whatif_switch_to_colocation_spreads_the_turns_that_waited():
+    """While every engine switches, the what-if parks turns as the driver does and routes them once the
+    whole transition is over: leaving 2P2D for colocation ends about one switch time after staying
+    colocated (dense_h100: every role TP4, so a 6-s switch). Routing each parked turn as the first
+    engine came back put them all on it: 2.1x colocation's end (101.5 vs 48.8 s)."""
+    overrides = ["workload=synthetic", "cluster.num_engines=4"]
+    cluster = cluster_of(overrides)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    new = sampler.new(["synthetic"], [1.0], 32, 0, np.random.default_rng(0))
+    whatif = WhatIf(cluster, 5, 4.0)
+    stay = whatif.run([], roles_for(COLOCATED, 4), roles_for(COLOCATED, 4), new, 32).completion_s
+    moved = whatif.run([], roles_for(2, 4), roles_for(COLOCATED, 4), new, 32).completion_s
+    assert cluster.switch_time_s == 6.0
+    assert stay < moved < stay + 2 * cluster.switch_time_s
+
+
 def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain():
     cluster = cluster_of(HEAVY)
     sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from harness.api import Role
+from harness.api import EventKind, Role
 from tests.conftest import SwitchAt, simulate
 
 ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns_median=1",
@@ -104,3 +104,37 @@ def test_role_switch_drains_waits_and_loses_nothing(small):
     assert len(later[later.engine_prefill == 0]) > 0
     assert (later[later.engine_prefill == 0].engine_decode != 0).all()
     assert (df[df.t_ready >= switching.t_end].engine_decode != 0).all()
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_switch_to_colocation_spreads_trajectories_when_the_cache_was_reset(small, reset):
+    """2P2D -> colocated. Turns that become ready while every engine switches wait for the whole
+    transition. Their trajectories' KV was on the former decode engines (2, 3); when the switch resets
+    those engines' prefix cache (SGLang PR #28403) the KV is gone, the router forgets them as holders
+    and the waiting turns spread over all four engines; without the reset all of them go back to 2, 3."""
+    overrides = small + ["cluster.num_engines=4", "workload.batch_size=8", "mode.num_steps=1",
+                         f"cluster.reset_prefix_cache_on_switch={str(reset).lower()}"]
+    roles = [Role.PREFILL, Role.PREFILL, Role.DECODE, Role.DECODE]
+    result, df, backend = simulate(overrides, policy=SwitchAt(roles, {i: Role.COLOCATED for i in range(4)},
+                                                              at_s=3.0, control_interval_s=1.0), keep_events=True)
+    ends = sorted(e.t for e in result.events if e.kind == EventKind.ROLE_SWITCH_END)
+    assert len(ends) == 4 and ends[0] < ends[-1]
+    waited = df[(df.t_ready >= 3.0) & (df.t_ready < ends[0])]   # every engine was switching
+    assert len(waited) > 4 and (waited.turn > 0).all() and (waited.t_prefill_start >= ends[-1]).all()
+    on_former = waited.engine_decode.isin({2, 3})
+    assert on_former.all() != reset
+    cleared = [e.engine_id for e in result.events if e.kind == EventKind.PREFIX_CACHE_CLEARED]
+    assert sorted(cleared) == ([0, 1, 2, 3] if reset else [])
+
+
+def test_prefix_tracker_forgets_an_engine_whose_cache_was_cleared():
+    from harness.api import LifecycleEvent
+    from harness.routing import PrefixTracker
+    p = PrefixTracker()
+    for tid, (pe, de) in enumerate([(0, 2), (1, 2), (0, 3)]):
+        p.observe(LifecycleEvent(EventKind.PREFILL_END, 1.0, tid, 0, engine_id=pe))
+        p.observe(LifecycleEvent(EventKind.DECODE_END, 2.0, tid, 0, engine_id=de))
+    p.observe(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, 3.0, engine_id=2))
+    assert p.decode_engine == {2: 3} and p.prefill_engine == {0: 0, 1: 1, 2: 0}
+    p.observe(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, 3.0, engine_id=0))
+    assert p.prefill_engine == {1: 1}

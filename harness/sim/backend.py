@@ -261,9 +261,10 @@ class SimBackend:
 
     def _switch_done(self, e: SimEngine, reshard: bool) -> None:
         old, role = e.role, e.target_role
+        cleared = reshard or (self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch)
         if reshard:
             e.configure(role, self.cluster.parallelism[role])
-        elif self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch:
+        elif cleared:
             e.clear_prefix_cache()
         e.role = role
         e.target_role = None
@@ -271,6 +272,8 @@ class SimBackend:
         e.switching = False
         self.mark_stale(e)
         self.timeline.enter(e.id, self.loop.now, e.role, "serving")
+        if cleared:
+            self._on_event(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, self.loop.now, engine_id=e.id))
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
                                       detail=f"{old.value}->{role.value}"))
         e.wake()

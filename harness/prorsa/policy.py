@@ -48,8 +48,8 @@ class Prorsa:
     def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,
                  bins: int = 5, hysteresis: float = 0.05, min_dwell_s: float = 10.0, min_observations: int = 30,
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", initial_samples: int = 3, max_candidates: int = 8, mix_window: int = 128, seed: int = 0,
-                 name: str = "prorsa"):
+                 initial: str = "plan", initial_samples: int = 3, max_candidates: int = 8, mix_window: int = 128,
+                 confirm_plans: int = 2, seed: int = 0, name: str = "prorsa"):
         if initial not in ("plan", "colocated"):
             raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
         for key, v in (("control_interval_s", control_interval_s), ("replan_interval_s", replan_interval_s),
@@ -57,7 +57,7 @@ class Prorsa:
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number > 0")
         for key, v in (("bins", bins), ("max_candidates", max_candidates), ("min_observations", min_observations),
-                       ("mix_window", mix_window), ("initial_samples", initial_samples)):
+                       ("mix_window", mix_window), ("initial_samples", initial_samples), ("confirm_plans", confirm_plans)):
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"policy.{key}={v!r} is invalid; allowed: an integer >= 1")
         for key, v in (("hysteresis", hysteresis), ("min_dwell_s", min_dwell_s)):
@@ -71,8 +71,11 @@ class Prorsa:
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
         self.initial, self.initial_samples = initial, initial_samples
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
+        self.confirm_plans = confirm_plans
+        self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
+        self.routes: dict[int, Route] = {}     # trajectory -> the engines its turn under way was sent to
         self.decisions: list[tuple[float, int]] = []
         self.plan_scores: list[tuple[float, dict[int, float]]] = []
         self._last_switch = -np.inf
@@ -99,6 +102,8 @@ class Prorsa:
     def observe(self, event: LifecycleEvent) -> None:
         self.tracker.observe(event)
         self.prefix.observe(event)
+        if event.kind in (EventKind.DECODE_END, EventKind.TRAJECTORY_END):
+            self.routes.pop(event.trajectory_id, None)
         if event.kind == EventKind.TURN_READY:
             self.forecaster.observe_arrival(event.t, event.tokens)
 
@@ -116,7 +121,7 @@ class Prorsa:
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
         if self.use_forecast:
-            futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng)
+            futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
         else:
             futures, new = self._present(view.now), []
@@ -130,8 +135,10 @@ class Prorsa:
         self.plan_scores.append((view.now, d.scores))
         n = len(view.engines)
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
-        if not d.switch:
+        self._wanted = self._wanted[-(self.confirm_plans - 1):] + [d.split] if d.switch else []
+        if not d.switch or self._wanted.count(d.split) < self.confirm_plans:
             return None
+        self._wanted = []
         self._last_switch = view.now
         self.decisions.append((view.now, d.split))
         log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, n),
@@ -139,7 +146,12 @@ class Prorsa:
         return d.roles
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        return route_by_role(request, view, self.prefix)
+        route = route_by_role(request, view, self.prefix)
+        if route is None:
+            self.routes.pop(request.trajectory_id, None)
+        else:
+            self.routes[request.trajectory_id] = route
+        return route
 
     def forecast_frame(self):
         """Forecast vs actual per bin (forecast.parquet), when forecasting is on."""
@@ -195,7 +207,8 @@ class Prorsa:
             futures.append(FutureTrajectory(s.trajectory_id, s.family, 0.0,
                                             [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)],
                                             self.prefix.decode_engine.get(s.trajectory_id),
-                                            self.prefix.prefill_engine.get(s.trajectory_id), in_progress=True))
+                                            self.prefix.prefill_engine.get(s.trajectory_id), in_progress=True,
+                                            route=self.routes.get(s.trajectory_id)))
         return futures
 
     def _tpot(self) -> float:

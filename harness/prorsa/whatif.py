@@ -27,7 +27,7 @@ from functools import partial
 
 import numpy as np
 
-from harness.api import EventKind, LifecycleEvent, Role, TurnRequest
+from harness.api import EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.routing import PrefixTracker, route_by_role
@@ -51,6 +51,7 @@ class FutureTrajectory:
     decode_engine: int | None = None    # where its KV lives (the last decode), if anywhere
     prefill_engine: int | None = None
     in_progress: bool = False           # its first turn is the one already under way (not an arrival)
+    route: Route | None = None          # the engines that turn is on, if it is on any
 
 
 @dataclass
@@ -155,8 +156,10 @@ class FutureSampler:
         return max(int(round(sample_excess(self.turns[family], turn + 0.5, rng))) - turn - 1, 0)
 
     def live(self, now: float, tracker: LifecycleTracker, prefix: PrefixTracker, tpot: float,
-             rng: np.random.Generator) -> list[FutureTrajectory]:
-        """The futures of the live trajectories, from their observed state."""
+             rng: np.random.Generator, routes: dict[int, Route] | None = None) -> list[FutureTrajectory]:
+        """The futures of the live trajectories, from their observed state (`routes`: where each turn
+        under way was sent)."""
+        routes = routes or {}
         futures = []
         for s in tracker.live.values():
             f = s.family
@@ -180,7 +183,8 @@ class FutureSampler:
                 turns, ready = [first] + later, 0.0
             tid = s.trajectory_id
             futures.append(FutureTrajectory(tid, f, ready, turns, prefix.decode_engine.get(tid),
-                                            prefix.prefill_engine.get(tid), in_progress=s.phase != Phase.TOOL))
+                                            prefix.prefill_engine.get(tid), in_progress=s.phase != Phase.TOOL,
+                                            route=routes.get(tid) if s.phase != Phase.TOOL else None))
         return futures
 
     def new(self, families: list[str], weights: list[float], count: int, first_id: int,
@@ -232,16 +236,20 @@ class _Run:
         self.in_flight += 1
         self.backend.call_later(delay, partial(self.turn_ready, ft, 0))
 
-    def turn_ready(self, ft: FutureTrajectory, k: int) -> None:
+    def turn_ready(self, ft: FutureTrajectory, k: int, route: Route | None = None) -> None:
         t = ft.turns[k]
         now = self.backend.now()
         b = int(now // self.bin_s)
         if b < self.bins and not (k == 0 and ft.in_progress):   # the forecast counts arrivals only
             self.prefill[b] += t.prompt_tokens - t.cached_tokens
         self.ready_at[ft.trajectory_id] = now
-        self.route(TurnRequest(trajectory_id=ft.trajectory_id, group_id=ft.trajectory_id, turn=k, family=ft.family,
-                               prompt_tokens=t.prompt_tokens, appended_tokens=t.prompt_tokens - t.cached_tokens,
-                               max_output_tokens=t.output_tokens, output_tokens=t.output_tokens, t_ready=now))
+        req = TurnRequest(trajectory_id=ft.trajectory_id, group_id=ft.trajectory_id, turn=k, family=ft.family,
+                          prompt_tokens=t.prompt_tokens, appended_tokens=t.prompt_tokens - t.cached_tokens,
+                          max_output_tokens=t.output_tokens, output_tokens=t.output_tokens, t_ready=now)
+        if route is None:
+            self.route(req)
+        else:
+            self.backend.submit(req, route)
 
     def route(self, req: TurnRequest) -> None:
         r = route_by_role(req, self.backend.view(), self.prefix)
@@ -287,6 +295,22 @@ class _Run:
                 self.route(req)
 
 
+def _on_engines(ft: FutureTrajectory, roles: list[Role]) -> bool:
+    """The trajectory's turn under way is on engines whose roles still serve its legs."""
+    r = ft.route
+    if r is None or not ft.in_progress:
+        return False
+    if r.disaggregated:
+        return roles[r.prefill_engine] == Role.PREFILL and roles[r.decode_engine] == Role.DECODE
+    return roles[r.prefill_engine] in (Role.COLOCATED, Role.DECODE)
+
+
+def _switch(backend: SimBackend, roles_now: list[Role], roles: list[Role]) -> None:
+    for i, (a, b) in enumerate(zip(roles_now, roles)):
+        if a != b:
+            backend.switch_role(i, b)
+
+
 class WhatIf:
     """Runs the simulator forward from the present under a candidate allocation."""
 
@@ -308,11 +332,18 @@ class WhatIf:
                 run.prefix.decode_engine[ft.trajectory_id] = ft.decode_engine
             if ft.prefill_engine is not None:
                 run.prefix.prefill_engine[ft.trajectory_id] = ft.prefill_engine
-        for i, (a, b) in enumerate(zip(roles_now, roles)):
-            if a != b:
-                backend.switch_role(i, b)
+        # Turns under way go back on their engines first, so an engine that switches away finishes them
+        # before its switch begins (a drain takes as long as its running turns do); the switches start
+        # once every engine has taken its first step's work.
+        placed = {ft.trajectory_id for ft in futures if _on_engines(ft, roles_now)}
         for ft in futures:
-            run.start(ft, ft.ready_s)
+            if ft.trajectory_id in placed:
+                run.in_flight += 1
+                run.turn_ready(ft, 0, ft.route)
+        backend.call_later(0.0, partial(_switch, backend, roles_now, roles))
+        for ft in futures:
+            if ft.trajectory_id not in placed:
+                run.start(ft, ft.ready_s)
         while run.waiting_new and run.in_flight < run.max_in_flight:
             run.start(run.waiting_new.pop(), 0.0)
         run.on_end()

@@ -1,0 +1,91 @@
+"""Prorsa on settings no part of it was tuned on: other families, sizes, clusters, engine semantics and
+modes than REPRODUCE.md's experiments. Per setting it runs colocation, every fixed split and Prorsa
+(one Hydra multirun each, so a rerun skips what is complete) and prints Prorsa against
+`hindsight_best` (the fastest of colocation and the fixed splits, chosen after the fact).
+  python scripts/generalization.py [OUT] [--only NAME ...] [--seeds 0,1]"""
+import argparse
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+log = logging.getLogger("generalization")
+
+# name -> overrides. Lengths and sizes are illustrative settings, chosen before any run, not fitted.
+SETTINGS: dict[str, list[str]] = {
+    "reasoning_moe_sync": ["workload=reasoning", "cluster=moe_h200"],
+    "browse_dense8_sync": ["workload=browse", "cluster=dense8_h100"],
+    "synth_pages_sglang_sync": ["workload=synthetic", "cluster=moe_h200_sglang", "workload.batch_size=32",
+                                "workload.tool_output_median=3000", "workload.output_median=200"],
+    "synth_prompts_dense32_sync": ["workload=synthetic", "cluster=dense_h100", "workload.batch_size=32",
+                                   "workload.prompt_median=6000", "workload.output_median=80",
+                                   "workload.tool_output_median=2000"],
+    "synth_decode_moe_sync": ["workload=synthetic", "cluster=moe_h200", "workload.batch_size=32",
+                              "workload.output_median=1500", "workload.tool_output_median=200"],
+    "tooluse_sglang_sync": ["workload=tooluse", "cluster=moe_h200_sglang"],
+    "search_long_moe_async": ["workload=search_long", "cluster=moe_h200", "mode=async", "mode.num_steps=2",
+                              "mode.max_in_flight=256"],
+    "mix_reason_browse_dense8_async": ["workload=mix_reason_browse", "cluster=dense8_h100", "mode=async",
+                                       "mode.max_in_flight=256"],
+}
+SPLITS = "1,2,3,4,5,6,7"
+
+
+def sweep(out: Path, overrides: list[str], seeds: str) -> None:
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides]
+    for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={SPLITS}"]):
+        rc = subprocess.run(cmd + policy, cwd=Path(__file__).parent.parent).returncode
+        if rc != 0:
+            log.warning("%s: a job failed (exit %d); the others are kept", out.name, rc)
+
+
+def table(out: Path) -> list[dict]:
+    rows = []
+    for d in sorted(p for p in out.iterdir() if p.is_dir()):
+        runs = [(s.parent.name, json.loads(s.read_text())) for s in d.glob("*/summary.json")]
+        for seed in sorted({r["seed"] for _, r in runs}):
+            by = {_label(job, r): r for job, r in runs if r["seed"] == seed}
+            if "prorsa" not in by or "colocate" not in by:
+                continue
+            static = {k: v["rollout_time_s"] for k, v in by.items() if k != "prorsa"}
+            best = min(static, key=static.get)
+            p = by["prorsa"]
+            rows.append({"setting": d.name, "seed": seed, "colocate_s": round(static["colocate"], 1),
+                         "best": best, "best_s": round(static[best], 1),
+                         "prorsa_s": round(p["rollout_time_s"], 1), "switches": p.get("num_role_switches", 0),
+                         "prorsa/best": round(static[best] / p["rollout_time_s"], 3),
+                         "best/colocate": round(static["colocate"] / static[best], 3)})
+    return rows
+
+
+def _label(job_dir: str, summary: dict) -> str:
+    """A fixed split by its prefill count, read from the job directory (Hydra's override_dirname)."""
+    split = re.search(r"policy\.num_prefill=(\d+)", job_dir)
+    return f"{split.group(1)}P" if split else summary["policy"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", nargs="?", default="results/generalization")
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = Path(args.out)
+    for name, overrides in SETTINGS.items():
+        if args.table_only or (args.only and name not in args.only):
+            continue
+        sweep(out / name, overrides, args.seeds)
+    rows = table(out)
+    if rows:
+        cols = list(rows[0])
+        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+        for r in rows:
+            print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()

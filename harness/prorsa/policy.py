@@ -9,8 +9,10 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
   -> run the simulator forward from the present under colocation and every P:D split, each reached
      from the present roles by moving the fewest engines, switch costs included (planner.py);
   -> switch when the best candidate ends the phase (sync: the step's last trajectory; async: the mean
-     end of the live trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying, and not
-     sooner than `min_dwell_s` after the last switch.
+     end of the live trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying,
+     in `confirm_plans` consecutive plans (each plan is one sample of the future: on browse on dense8_h100
+     single plans flipped colocated <-> 6P2D nine times, each flip resetting every engine's prefix
+     cache), and not sooner than `min_dwell_s` after the last switch.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
 phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).

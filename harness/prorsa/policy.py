@@ -50,7 +50,8 @@ class Prorsa:
     def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,
                  bins: int = 5, hysteresis: float = 0.05, min_dwell_s: float = 10.0, min_observations: int = 30,
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", initial_samples: int = 3, max_candidates: int = 8, mix_window: int = 128,
+                 initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
+                 max_candidates: int = 8, mix_window: int = 128,
                  confirm_plans: int = 2, seed: int = 0, name: str = "prorsa"):
         if initial not in ("plan", "colocated"):
             raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
@@ -59,7 +60,8 @@ class Prorsa:
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number > 0")
         for key, v in (("bins", bins), ("max_candidates", max_candidates), ("min_observations", min_observations),
-                       ("mix_window", mix_window), ("initial_samples", initial_samples), ("confirm_plans", confirm_plans)):
+                       ("mix_window", mix_window), ("initial_samples", initial_samples), ("confirm_plans", confirm_plans),
+                       ("initial_max_samples", initial_max_samples)):
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"policy.{key}={v!r} is invalid; allowed: an integer >= 1")
         for key, v in (("hysteresis", hysteresis), ("min_dwell_s", min_dwell_s)):
@@ -71,7 +73,7 @@ class Prorsa:
         self.horizon_s, self.bins = horizon_s, bins
         self.hysteresis, self.min_dwell_s, self.min_obs = hysteresis, min_dwell_s, min_observations
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
-        self.initial, self.initial_samples = initial, initial_samples
+        self.initial, self.initial_samples, self.initial_max_samples = initial, initial_samples, initial_max_samples
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
         self.confirm_plans = confirm_plans
         self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
@@ -183,7 +185,8 @@ class Prorsa:
         return sampler.new(self.families, weights, count, -1 - count, rng)
 
     def _initial_split(self) -> int:
-        """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples` draws)."""
+        """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples`
+        draws, more while the choice is open, up to `initial_max_samples`)."""
         sampler = self._sampler(0.0)
         rng = np.random.default_rng([self.seed, 0])
         count = self.run.trajectories_per_step if self.run.mode == "sync" else 2 * self.run.max_in_flight
@@ -192,7 +195,9 @@ class Prorsa:
         if len(self.families) > 1:   # the mix may change: also weigh each family alone
             hedges = [sampler.new(self.families, [float(f == g) for g in self.families], count, 0, rng)
                       for f in self.families]
-        split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges)
+        split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
+                                             lambda: sampler.new(self.families, self.weights, count, 0, rng),
+                                             self.initial_max_samples)
         self.plan_scores.append((0.0, scores))
         return split
 

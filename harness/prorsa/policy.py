@@ -34,7 +34,7 @@ from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for
 from harness.prorsa.tracker import LifecycleTracker, Phase
-from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
+from harness.prorsa.whatif import ON_ENGINE, FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import PrefixTracker, route_by_role
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class Prorsa:
                                             [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)],
                                             self.prefix.decode_engine.get(s.trajectory_id),
                                             self.prefix.prefill_engine.get(s.trajectory_id), in_progress=True,
-                                            route=self.routes.get(s.trajectory_id)))
+                                            route=self.routes.get(s.trajectory_id) if s.phase in ON_ENGINE else None))
         return futures
 
     def _tpot(self) -> float:

@@ -51,7 +51,7 @@ class FutureTrajectory:
     decode_engine: int | None = None    # where its KV lives (the last decode), if anywhere
     prefill_engine: int | None = None
     in_progress: bool = False           # its first turn is the one already under way (not an arrival)
-    route: Route | None = None          # the engines that turn is on, if it is on any
+    route: Route | None = None          # the engines that turn runs on, once its prefill has started
 
 
 @dataclass
@@ -78,6 +78,7 @@ def draw(values: np.ndarray, rng: np.random.Generator) -> float:
     return float(values[rng.integers(len(values))])
 
 
+ON_ENGINE = (Phase.PREFILLING, Phase.TRANSFERRING, Phase.DECODING)   # a queued turn may still be re-routed
 MAX_SHARED = 0.95   # keeps some turn-to-turn spread when the data say a trajectory's turns are alike
 
 
@@ -184,7 +185,7 @@ class FutureSampler:
             tid = s.trajectory_id
             futures.append(FutureTrajectory(tid, f, ready, turns, prefix.decode_engine.get(tid),
                                             prefix.prefill_engine.get(tid), in_progress=s.phase != Phase.TOOL,
-                                            route=routes.get(tid) if s.phase != Phase.TOOL else None))
+                                            route=routes.get(tid) if s.phase in ON_ENGINE else None))
         return futures
 
     def new(self, families: list[str], weights: list[float], count: int, first_id: int,
@@ -361,12 +362,14 @@ class WhatIf:
 
     @staticmethod
     def _warm_caches(backend: SimBackend, futures: list[FutureTrajectory]) -> None:
-        """Each trajectory's prefix sits where it was last decoded and prefilled, as in the real cluster."""
+        """Each trajectory's prefix sits where it was last decoded and prefilled, and where its turn under
+        way runs, as in the real cluster."""
         for ft in futures:
             cached = ft.turns[0].cached_tokens
             if not cached:
                 continue
-            for engine_id in {ft.decode_engine, ft.prefill_engine} - {None}:
+            on = {ft.route.prefill_engine, ft.route.decode_engine} if ft.route else set()
+            for engine_id in {ft.decode_engine, ft.prefill_engine, *on} - {None}:
                 e = backend.engines[engine_id]
                 rank = e.ranks[ft.trajectory_id % len(e.ranks)]
                 rank.cache_put(ft.trajectory_id, cached)

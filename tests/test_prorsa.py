@@ -358,3 +358,21 @@ def test_workloads_state_how_much_a_trajectory_shares_its_output_length():
     from hydra.utils import instantiate
     w = instantiate(cfg.workload, seed=0)
     assert isinstance(w, AgentWorkload) and w.priors()["swe"].output_shared == w.group_corr
+
+
+def test_whatif_switch_waits_for_the_turn_running_on_the_engine():
+    """A drain takes as long as the engine's running turns: engine 1 decodes a 2,000-token answer when
+    the plan swaps the roles of a 1P1D pair (drain, 6-s switch). A new trajectory needs engine 1 as its
+    prefill engine, so it cannot end before that answer ends plus the switch time."""
+    from harness.api import Route
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=drain"])
+    running = FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 999, 2_000, 0.0)], decode_engine=1,
+                               prefill_engine=0, in_progress=True, route=Route(0, 1))
+    arriving = FutureTrajectory(1, "f", 0.0, [FutureTurn(500, 0, 10, 0.0)])
+    now, swapped = [Role.PREFILL, Role.DECODE], [Role.DECODE, Role.PREFILL]
+    ends = WhatIf(cluster, 5, 4.0).run([running, arriving], now, swapped).ends
+    assert len(ends) == 2 and ends[1] >= ends[0] + cluster.switch_time_s
+    # the answer alone takes this long: the drain is its decode, not an instant
+    alone = WhatIf(cluster, 5, 4.0).run([running], now, now).ends[0]
+    assert ends[0] == pytest.approx(alone, rel=0.01) and alone > 10

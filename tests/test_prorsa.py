@@ -38,10 +38,28 @@ def test_tracker_phases_and_history():
     feed(t, first_turn())
     s = t.live[1]
     assert s.phase == Phase.TOOL and s.phase_since == 1.0 and s.outputs == [50] and s.context == 100
-    assert t.tpot[0] == pytest.approx(0.49 / 49)
+    assert t.last_tpot() == [pytest.approx(0.49 / 49)]
     feed(t, [E(K.TOOL_END, 4.0, 1, 0, tokens=200), E(K.TURN_READY, 4.0, 1, 1, tokens=250)])
     assert s.tool_latencies == [3.0] and s.tool_outputs == [200] and s.context == 350 and s.turn == 1
     assert s.phase == Phase.QUEUED
+
+
+def test_generated_tokens_use_the_turns_that_decoded_beside_it():
+    """Trajectory 2 decodes on engine 0 from t=10. Turns that ended there before it began (10 ms per
+    token) say nothing of its span; the two that ended since (30 and 50 ms per token) do: at t=40 it
+    has generated 30 s / 40 ms = 750 tokens. On another engine with no report, the default applies."""
+    t = LifecycleTracker()
+    feed(t, [E(K.TRAJECTORY_START, 0.0, 2, 0, detail="fam"), E(K.TURN_READY, 0.0, 2, 0, tokens=100),
+             E(K.DECODE_START, 10.0, 2, 0, engine_id=0)])
+    for tid, (first, end, tokens) in enumerate([(1.0, 2.0, 101), (11.0, 14.0, 101), (20.0, 25.0, 101)], start=10):
+        feed(t, [E(K.TRAJECTORY_START, 0.0, tid, 0, detail="fam"), E(K.TURN_READY, 0.0, tid, 0, tokens=10),
+                 E(K.DECODE_START, first, tid, 0, engine_id=0), E(K.FIRST_TOKEN, first, tid, 0, engine_id=0),
+                 E(K.DECODE_END, end, tid, 0, engine_id=0, tokens=tokens)])
+    s = t.live[2]
+    assert t.generated(s, 40.0, default_tpot=1.0) == pytest.approx(750)
+    s.engine = 1
+    assert t.generated(s, 40.0, default_tpot=0.1) == pytest.approx(300)
+    assert t.censored(40.0, 0.1)["output_tokens"]["fam"] == [pytest.approx(300)]
 
 
 def test_futures_of_hand_made_lifecycles_known_answer():

@@ -219,7 +219,7 @@ class Prorsa:
         return futures
 
     def _tpot(self) -> float:
-        seen = list(self.tracker.tpot.values())
+        seen = self.tracker.last_tpot()
         return float(np.median(seen)) if seen else self.default_tpot_s
 
     def _record(self, now: float, outcome) -> None:

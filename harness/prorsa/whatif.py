@@ -174,7 +174,7 @@ class FutureSampler:
                 if not turns:
                     continue
             else:
-                generated = round((now - s.phase_since) / tpot) if s.phase == Phase.DECODING else 0
+                generated = round(tracker.generated(s, now, tpot))
                 total = self.output(f, level, rng, above=generated)
                 prompt = s.context + int(generated)
                 left = min(max(int(round(total - generated)), 1), max(self.max_context[f] - prompt, 1))

@@ -394,3 +394,23 @@ def test_whatif_switch_waits_for_the_turn_running_on_the_engine():
     # the answer alone takes this long: the drain is its decode, not an instant
     alone = WhatIf(cluster, 5, 4.0).run([running], now, now).ends[0]
     assert ends[0] == pytest.approx(alone, rel=0.01) and alone > 10
+
+
+@pytest.mark.parametrize("running, learned", [(50, False), (20, True)])
+def test_learned_distribution_waits_until_most_observations_have_ended(running, learned):
+    """40 outputs of 50 tokens ended (above min_observations=30). While more turns are still decoding
+    than have ended, what ended is mostly the short ones and the censored rest says little beyond it:
+    the prior stays (on mix_reason_browse at 50 s, 41 ended and 127 decoding reasoning turns gave a
+    mean of 1,260 tokens against 1,861 true; the prior 2,264). Once most have ended, the estimate."""
+    from collections import deque
+    from harness.prorsa.planner import prior_samples
+    from harness.prorsa.tracker import TrajectoryState
+    run = RUN_HEAVY()
+    family = sorted(run.priors)[0]
+    t = LifecycleTracker()
+    t.outputs[family] = deque([50] * 40)
+    for tid in range(running):
+        t.live[tid] = TrajectoryState(tid, family, 0.0, phase=Phase.DECODING, phase_since=0.0)
+    outputs = future_sampler(t, run, 30, 1.0, 0.01).outputs[family]
+    prior = prior_samples(run.priors[family].output_tokens)
+    assert (not learned) == (len(outputs) == len(prior) and np.array_equal(outputs, prior))

@@ -127,14 +127,15 @@ class Prorsa:
         if self.use_forecast:
             futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
+            hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
         else:
-            futures, new = self._present(view.now), []
+            futures, new, hedges = self._present(view.now), [], []
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
             outcome = self.planner.whatif.run(futures, [e.role for e in view.engines],
                                               [e.role for e in view.engines], new, self.run.max_in_flight)
             self._record(view.now, outcome)
             return None
-        d = self.planner.decide(view, current, futures, new, self.run.max_in_flight)
+        d = self.planner.decide(view, current, futures, new, self.run.max_in_flight, hedges)
         self._record(view.now, d.current)
         self.plan_scores.append((view.now, d.scores))
         n = len(view.engines)
@@ -180,9 +181,20 @@ class Prorsa:
         weights = self.weights
         if len(recent) >= self.mix_window:
             weights = [recent.count(f) for f in self.families]
-        left = self.run.num_steps * self.run.trajectories_per_step - self.tracker.started
-        count = max(min(self.run.max_in_flight, left), 0)
+        count = self._new_count()
         return sampler.new(self.families, weights, count, -1 - count, rng)
+
+    def _new_count(self) -> int:
+        """Async: the trajectories a rolling phase starts, never more than the run has left."""
+        left = self.run.num_steps * self.run.trajectories_per_step - self.tracker.started
+        return max(min(self.run.max_in_flight, left), 0)
+
+    def _hedges(self, sampler: FutureSampler, rng) -> list[list[FutureTrajectory]]:
+        """Async with several families: the next trajectories to start if the mix turned to one family
+        alone (as many as `_new` draws), one set per family."""
+        count = self._new_count()
+        return [sampler.new(self.families, [float(f == g) for g in self.families], count, -1 - count, rng)
+                for f in self.families] if count else []
 
     def _initial_split(self) -> int:
         """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples`

@@ -414,3 +414,27 @@ def test_learned_distribution_waits_until_most_observations_have_ended(running, 
     outputs = future_sampler(t, run, 30, 1.0, 0.01).outputs[family]
     prior = prior_samples(run.priors[family].output_tokens)
     assert (not learned) == (len(outputs) == len(prior) and np.array_equal(outputs, prior))
+
+
+def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
+    """From 3P1D, for the expected mix "a" 1P3D is best (80 against 100 staying) but if the new
+    trajectories were all "b" it would end at 300 against staying's 100: no switch there. 2P2D (90 for
+    "a") is no worse than staying for "b" (100): the switch goes there. Without hedges: 1P3D."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
+
+    class MixWhatIf:
+        table = {"a": {COLOCATED: 100, 1: 80, 2: 90, 3: 100}, "b": {COLOCATED: 100, 1: 300, 2: 100, 3: 100}}
+
+        def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
+            split = sum(r == Role.PREFILL for r in roles) or COLOCATED
+            score = self.table[new[0].family][split]
+            return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
+
+    def sample(family):
+        return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
+    planner = Planner(cluster_of(HEAVY), MixWhatIf(), hysteresis=0.05, allow_colocated=True, max_candidates=8,
+                      mode="async")
+    view = engines([Role.PREFILL] * 3 + [Role.DECODE])
+    assert planner.decide(view, 3, [], sample("a"), 8).split == 1
+    d = planner.decide(view, 3, [], sample("a"), 8, hedges=[sample("a"), sample("b")])
+    assert d.switch and d.split == 2

@@ -418,8 +418,10 @@ def test_learned_distribution_waits_until_most_observations_have_ended(running, 
 
 def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
     """From 3P1D, for the expected mix "a" 1P3D is best (80 against 100 staying) but if the new
-    trajectories were all "b" it would end at 300 against staying's 100: no switch there. 2P2D (90 for
-    "a") is no worse than staying for "b" (100): the switch goes there. Without hedges: 1P3D."""
+    trajectories were all "b" it would end at 300, while staying's worst case is 100: no switch there.
+    2P2D (90 for "a", worst case 100) is taken. Without hedges: 1P3D. From 1P3D with "b" expected,
+    3P1D is taken although it is worse than 1P3D were the mix "a" alone (100 vs 80): its worst case
+    (100) is far below staying's (300)."""
     from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
 
     class MixWhatIf:
@@ -434,7 +436,10 @@ def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
         return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
     planner = Planner(cluster_of(HEAVY), MixWhatIf(), hysteresis=0.05, allow_colocated=True, max_candidates=8,
                       mode="async")
+    hedges = [sample("a"), sample("b")]
     view = engines([Role.PREFILL] * 3 + [Role.DECODE])
     assert planner.decide(view, 3, [], sample("a"), 8).split == 1
-    d = planner.decide(view, 3, [], sample("a"), 8, hedges=[sample("a"), sample("b")])
+    d = planner.decide(view, 3, [], sample("a"), 8, hedges=hedges)
     assert d.switch and d.split == 2
+    d = planner.decide(engines([Role.PREFILL] + [Role.DECODE] * 3), 1, [], sample("b"), 8, hedges=hedges)
+    assert d.switch and d.split != 1

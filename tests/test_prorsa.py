@@ -417,11 +417,11 @@ def test_learned_distribution_waits_until_most_observations_have_ended(running, 
 
 
 def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
-    """From 3P1D, for the expected mix "a" 1P3D is best (80 against 100 staying) but if the new
-    trajectories were all "b" it would end at 300, while staying's worst case is 100: no switch there.
-    2P2D (90 for "a", worst case 100) is taken. Without hedges: 1P3D. From 1P3D with "b" expected,
-    3P1D is taken although it is worse than 1P3D were the mix "a" alone (100 vs 80): its worst case
-    (100) is far below staying's (300)."""
+    """From 3P1D, for the expected mix "a" 1P3D is best (80 against 100 staying), but were the new
+    trajectories all "b" it would end at 3x that mix's best (300 vs 100), while staying's worst regret
+    is 1.25 (100 vs 80 for "a"): no switch there. 2P2D (worst regret 90/80) is taken. Without hedges:
+    1P3D. From 1P3D (worst regret 3, for "b") with "b" expected, a move is taken although each target
+    is worse than 1P3D were the mix "a" alone: its worst regret is far smaller."""
     from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
 
     class MixWhatIf:

@@ -14,6 +14,7 @@ the allocation (every split that keeps up with the work ties on it).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,8 +132,8 @@ class Planner:
         later than the best so far by more than the hysteresis (it could not be chosen), and scores inf.
 
         `hedges` (async, several task families): the trajectories to start if the mix turned to one
-        family alone. A switch is made only to a candidate whose worst end over these mixes is no later
-        than staying's (within the hysteresis): the rolling phase cannot see the mix change, and a
+        family alone. A switch is made only to a candidate whose worst regret over these mixes (its end
+        over that mix's best candidate's) is no larger than staying's (within the hysteresis): the rolling phase cannot see the mix change, and a
         split that suits the present mix but is ruinous for another is left, when the mix turns, only
         by paying for another switch and the backlog (measured on shift_reason_browse with reshard:
         4P4D -> 2P6D in each reasoning-heavy phase and back in each browse-heavy one, 60 s per engine
@@ -164,17 +165,23 @@ class Planner:
 
     def _robust(self, k: int, current: int, roles_of: dict[int, dict[int, Role]], now_roles: list[Role],
                 futures: list[FutureTrajectory], hedges: list[list[FutureTrajectory]], max_in_flight: int) -> bool:
-        """Candidate `k`'s worst score over the one-family mixes (`hedges`) is no worse than staying's,
-        within the hysteresis."""
+        """Candidate `k`'s worst regret over the one-family mixes (`hedges`: its end over the best
+        candidate's end for that mix) is no worse than staying's, within the hysteresis."""
         if not hedges:
             return True
         engines = sorted(roles_of[k])
 
-        def worst(split: int) -> float:
-            return max(self.score(self.whatif.run(futures, now_roles, [roles_of[split][e] for e in engines], new,
-                                                  max_in_flight, on_mean_end=self.mode != "sync"))
-                       for new in hedges)
-        return worst(k) <= worst(current) * (1 + self.hysteresis)
+        def end(split: int, new: list[FutureTrajectory], bound: float = math.inf) -> float:
+            return self.score(self.whatif.run(futures, now_roles, [roles_of[split][e] for e in engines], new,
+                                              max_in_flight, bound=bound, on_mean_end=self.mode != "sync"))
+        regret_k = regret_now = 0.0
+        for new in hedges:
+            ends = {s: end(s, new) for s in (k, current)}
+            best = min(ends.values())
+            for other in set(roles_of) - {k, current}:
+                best = min(best, end(other, new, bound=best))
+            regret_k, regret_now = max(regret_k, ends[k] / best), max(regret_now, ends[current] / best)
+        return regret_k <= regret_now * (1 + self.hysteresis)
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
                 hedges: list[list[FutureTrajectory]] = (), more: Callable[[], list[FutureTrajectory]] | None = None,

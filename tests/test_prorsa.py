@@ -439,3 +439,41 @@ def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
     assert planner.decide(view, 3, [], sample("a"), 8).split == 1
     d = planner.decide(view, 3, [], sample("a"), 8, hedges=hedges)
     assert d.switch and d.split == 2
+
+
+def test_still_open_known_answers():
+    """Paired scores of two candidates over samples. Separated: the runner-up is worse in every sample
+    (differences 4, 5, 6: mean 5, two standard errors 1.15): closed. Overlapping (differences -6, 1, 8:
+    mean 1, two standard errors 8.1, so it may be 7 better, over 1% of 100): open. One sample: open.
+    A candidate beyond the hysteresis of the best is not a contender."""
+    from harness.prorsa.planner import still_open
+    assert not still_open({0: [100, 100, 100], 1: [104, 105, 106]}, 0.05)
+    assert still_open({0: [100, 100, 100], 1: [94, 101, 108]}, 0.05)
+    assert still_open({0: [100], 1: [104]}, 0.05)
+    assert not still_open({0: [100, 100, 100], 1: [94, 111, 128]}, 0.05)   # mean 111: > 5% behind
+
+
+def test_a_switch_needs_confirm_plans_consecutive_plans():
+    """A plan that wants a switch is made only when the previous `confirm_plans - 1` plans wanted the
+    same target; a plan that wants to stay (or another target) starts the count again."""
+    from harness.prorsa.planner import Decision
+    from harness.prorsa.policy import Prorsa
+    from harness.prorsa.whatif import Outcome
+    policy = Prorsa(confirm_plans=2, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
+    feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
+    policy.tracker.started = policy._starts_seen = 1
+    wanted = iter([2, 2, 3, None, 3, 3])
+    outcome = Outcome(1.0, 1.0, 1.0, [1.0], np.zeros(5), np.zeros(5))
+
+    def decide(view, current, *args):
+        split = next(wanted)
+        target = current if split is None else split
+        return Decision(target, target_roles(view, target), split is not None, {current: 1.0, target: 1.0}, outcome)
+    policy.planner.decide = decide
+    view = engines([Role.COLOCATED] * 4)
+    made = []
+    for t in range(1, 7):
+        view.now = float(t)
+        made.append(policy.plan(view) is not None)
+    assert made == [False, True, False, False, False, True]

@@ -140,7 +140,7 @@ class Prorsa:
         self.plan_scores.append((view.now, d.scores))
         n = len(view.engines)
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
-        self._wanted = self._wanted[-(self.confirm_plans - 1):] + [d.split] if d.switch else []
+        self._wanted = (self._wanted + [d.split])[-self.confirm_plans:] if d.switch else []
         if not d.switch or self._wanted.count(d.split) < self.confirm_plans:
             return None
         self._wanted = []

@@ -42,7 +42,7 @@ class ReactivePD:
         self.prefix.observe(event)
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
-        if any(e.target_role is not None for e in view.engines) or view.now - self._last_switch < self.min_dwell_s:
+        if view.switching() or view.now - self._last_switch < self.min_dwell_s:
             return None
         prefill = [e for e in view.engines if e.role == Role.PREFILL]
         decode = [e for e in view.engines if e.role == Role.DECODE]

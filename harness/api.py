@@ -121,6 +121,10 @@ class ClusterView:
     def with_role(self, role: Role) -> list[EngineState]:
         return [e for e in self.engines if e.available and e.role == role]
 
+    def switching(self) -> bool:
+        """Some engine is changing roles."""
+        return any(e.target_role is not None for e in self.engines)
+
 
 @dataclass(frozen=True)
 class LogNormalPrior:

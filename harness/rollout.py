@@ -169,9 +169,6 @@ class RolloutDriver:
         for req in parked:
             self._route_and_submit(req)
 
-    def _switching(self) -> bool:
-        return any(e.target_role is not None for e in self.backend.view().engines)
-
     def _trajectory_end(self, tid: int) -> None:
         script = self.scripts[tid]
         self._emit(LifecycleEvent(EventKind.TRAJECTORY_END, self.backend.now(), tid, len(script.turns) - 1))
@@ -243,7 +240,7 @@ class RolloutDriver:
         self._emit(e)
         if e.kind == K.DECODE_END:
             self._after_decode(e.trajectory_id, e.turn)
-        elif e.kind in (K.ROLE_SWITCH_END, K.ENGINE_RECOVERED) and self.parked and not self._switching():
+        elif e.kind in (K.ROLE_SWITCH_END, K.ENGINE_RECOVERED) and self.parked and not self.backend.view().switching():
             # Parked turns wait for the whole transition, so they spread over every new engine
             # instead of piling onto the first one back.
             self._retry_parked()

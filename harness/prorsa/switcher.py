@@ -22,7 +22,7 @@ def roles_for(split: int, n: int) -> list[Role]:
 def current_split(view: ClusterView) -> int | None:
     """The split the engines are in (counting switches under way); None while mixed or switching."""
     roles = [e.target_role or e.role for e in view.engines]
-    if any(e.target_role is not None for e in view.engines):
+    if view.switching():
         return None
     if all(r == Role.COLOCATED for r in roles):
         return COLOCATED

@@ -259,9 +259,6 @@ class _Run:
         else:
             self.backend.submit(req, r)
 
-    def switching(self) -> bool:
-        return any(e.target_role is not None for e in self.backend.view().engines)
-
     def on_end(self) -> None:
         """Move the deadline: the last end exceeds the bound once the clock passes it with work left;
         the mean end once even every unfinished trajectory ending right now would leave it above."""
@@ -288,7 +285,7 @@ class _Run:
                 self.in_flight -= 1
                 while self.waiting_new and self.in_flight < self.max_in_flight:
                     self.start(self.waiting_new.pop(), 0.0)
-        elif e.kind == K.ROLE_SWITCH_END and self.parked and not self.switching():
+        elif e.kind == K.ROLE_SWITCH_END and self.parked and not self.backend.view().switching():
             # as the driver does (harness/rollout.py): parked turns wait for the whole transition,
             # or they all pile onto the first engine back and stay there (sticky KV)
             parked, self.parked = self.parked, []

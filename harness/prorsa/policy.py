@@ -198,8 +198,7 @@ class Prorsa:
         if self.cluster.switch_mechanism == "kv_both":
             return []
         count = self._new_count()
-        return [sampler.new(self.families, [float(f == g) for g in self.families], count, -1 - count, rng)
-                for f in self.families] if count else []
+        return sampler.each_family_alone(self.families, count, -1 - count, rng) if count else []
 
     def _initial_split(self) -> int:
         """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples`
@@ -210,8 +209,7 @@ class Prorsa:
         samples = [sampler.new(self.families, self.weights, count, 0, rng) for _ in range(self.initial_samples)]
         hedges = []
         if len(self.families) > 1:   # the mix may change: also weigh each family alone
-            hedges = [sampler.new(self.families, [float(f == g) for g in self.families], count, 0, rng)
-                      for f in self.families]
+            hedges = sampler.each_family_alone(self.families, count, 0, rng)
         split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
                                              lambda: sampler.new(self.families, self.weights, count, 0, rng),
                                              self.initial_max_samples)

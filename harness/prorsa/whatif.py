@@ -205,6 +205,11 @@ class FutureSampler:
             out.append(FutureTrajectory(first_id + i, f, 0.0, [first] + later))
         return out
 
+    def each_family_alone(self, families: list[str], count: int, first_id: int,
+                          rng: np.random.Generator) -> list[list[FutureTrajectory]]:
+        """`new` with the mix turned to one family, for each family in turn (the hedges of a plan)."""
+        return [self.new(families, [float(f == g) for g in families], count, first_id, rng) for f in families]
+
 
 @dataclass
 class _Run:

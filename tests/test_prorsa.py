@@ -195,6 +195,26 @@ class ScriptedWhatIf:
         return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
 
 
+class MixWhatIf:
+    """A performance model whose scores depend on the family of the new trajectories (`table`: family ->
+    split -> score): a test double for the planner's hedging rules."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
+        from harness.prorsa.whatif import Outcome
+        split = sum(r == Role.PREFILL for r in roles) or COLOCATED
+        score = self.table[new[0].family][split]
+        return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
+
+
+def one_new(family):
+    """One new trajectory of `family` (what MixWhatIf reads)."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
+
+
 def test_planner_takes_the_nearest_of_equally_good_splits():
     """From 2P6D: 3P5D (80) and 6P2D (79) are within 5% of each other, both far better than staying
     (100): the planner moves one engine (3P5D), not four. With staying among the near-best it stays."""
@@ -212,22 +232,11 @@ def test_initial_plan_hedges_against_another_mix():
     """Scores by the mix a sample is drawn from (family of its trajectories). For the expected mix "a",
     1P is best (90); for mix "b" 1P is ruinous (400). Without hedges the start is 1P; hedged, it is the
     split whose worst ratio to each mix's best is smallest: 2P (max(95/90, 120/100) = 1.2)."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
-
-    class MixWhatIf:
-        table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
-
-        def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
-            split = sum(r == Role.PREFILL for r in roles) or COLOCATED
-            score = self.table[new[0].family][split]
-            return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
-
-    def sample(family):
-        return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
-    cluster = cluster_of(HEAVY)
-    planner = Planner(cluster, MixWhatIf(), hysteresis=0.05, allow_colocated=True, max_candidates=8, mode="async")
-    assert planner.initial([sample("a")], 8)[0] == 1
-    assert planner.initial([sample("a")], 8, hedges=[sample("a"), sample("b")])[0] == 2
+    table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
+    planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
+                      mode="async")
+    assert planner.initial([one_new("a")], 8)[0] == 1
+    assert planner.initial([one_new("a")], 8, hedges=[one_new("a"), one_new("b")])[0] == 2
 
 
 def test_switcher_moves_the_cheapest_engines_to_drain():
@@ -420,24 +429,13 @@ def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
     """From 3P1D, for the expected mix "a" 1P3D is best (80 against 100 staying) but were the new
     trajectories all "b" it would end at 300 against staying's 100: no switch there. 2P2D (90 for "a",
     100 for "b") is taken. Without hedges: 1P3D."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
-
-    class MixWhatIf:
-        table = {"a": {COLOCATED: 100, 1: 80, 2: 90, 3: 100}, "b": {COLOCATED: 100, 1: 300, 2: 100, 3: 100}}
-
-        def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
-            split = sum(r == Role.PREFILL for r in roles) or COLOCATED
-            score = self.table[new[0].family][split]
-            return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
-
-    def sample(family):
-        return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
-    planner = Planner(cluster_of(HEAVY), MixWhatIf(), hysteresis=0.05, allow_colocated=True, max_candidates=8,
+    table = {"a": {COLOCATED: 100, 1: 80, 2: 90, 3: 100}, "b": {COLOCATED: 100, 1: 300, 2: 100, 3: 100}}
+    planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
                       mode="async")
-    hedges = [sample("a"), sample("b")]
+    hedges = [one_new("a"), one_new("b")]
     view = engines([Role.PREFILL] * 3 + [Role.DECODE])
-    assert planner.decide(view, 3, [], sample("a"), 8).split == 1
-    d = planner.decide(view, 3, [], sample("a"), 8, hedges=hedges)
+    assert planner.decide(view, 3, [], one_new("a"), 8).split == 1
+    d = planner.decide(view, 3, [], one_new("a"), 8, hedges=hedges)
     assert d.switch and d.split == 2
 
 

@@ -159,22 +159,22 @@ class Planner:
         best = min(near, key=lambda k: (moved[k], scores[k], k))
         better = [k for k in sorted(scores, key=lambda k: (k != best, scores[k], k))
                   if k != current and scores[k] < scores[current] * (1 - self.hysteresis)]
-        chosen = next((k for k in better if self._robust(k, current, roles_of, now_roles, futures, hedges,
-                                                         max_in_flight)), current)
-        return Decision(chosen, roles_of[chosen], chosen != current, scores, outcomes[current])
+        hedged: dict[tuple[int, int], float] = {}   # (split, hedge) -> score: staying's is run once
 
-    def _robust(self, k: int, current: int, roles_of: dict[int, dict[int, Role]], now_roles: list[Role],
-                futures: list[FutureTrajectory], hedges: list[list[FutureTrajectory]], max_in_flight: int) -> bool:
-        """Candidate `k` ends no later than staying, within the hysteresis, whatever family the new
-        trajectories come from (`hedges`)."""
-        engines = sorted(roles_of[k])
-        for new in hedges:
-            stay, move = (self.score(self.whatif.run(futures, now_roles, [roles_of[s][e] for e in engines], new,
-                                                     max_in_flight, on_mean_end=self.mode != "sync"))
-                          for s in (current, k))
-            if move > stay * (1 + self.hysteresis):
-                return False
-        return True
+        def hedge_score(split: int, i: int) -> float:
+            if (split, i) not in hedged:
+                roles = [roles_of[split][e.engine_id] for e in view.engines]
+                hedged[split, i] = self.score(self.whatif.run(futures, now_roles, roles, hedges[i], max_in_flight,
+                                                              on_mean_end=self.mode != "sync"))
+            return hedged[split, i]
+
+        def robust(k: int) -> bool:
+            """`k` ends no later than staying, within the hysteresis, whatever family the new
+            trajectories come from."""
+            return all(hedge_score(k, i) <= hedge_score(current, i) * (1 + self.hysteresis)
+                       for i in range(len(hedges)))
+        chosen = next((k for k in better if robust(k)), current)
+        return Decision(chosen, roles_of[chosen], chosen != current, scores, outcomes[current])
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
                 hedges: list[list[FutureTrajectory]] = (), more: Callable[[], list[FutureTrajectory]] | None = None,

@@ -242,6 +242,11 @@ class _Run:
         self.in_flight += 1
         self.backend.call_later(delay, partial(self.turn_ready, ft, 0))
 
+    def place(self, ft: FutureTrajectory) -> None:
+        """The turn under way goes on the engines it runs on, now."""
+        self.in_flight += 1
+        self.turn_ready(ft, 0, ft.route)
+
     def turn_ready(self, ft: FutureTrajectory, k: int, route: Route | None = None) -> None:
         t = ft.turns[k]
         now = self.backend.now()
@@ -338,15 +343,14 @@ class WhatIf:
         # Turns under way go back on their engines first, so an engine that switches away finishes them
         # before its switch begins (a drain takes as long as its running turns do); the switches start
         # once every engine has taken its first step's work.
-        placed = {ft.trajectory_id for ft in futures if _on_engines(ft, roles_now)}
+        placed, arriving = [], []
         for ft in futures:
-            if ft.trajectory_id in placed:
-                run.in_flight += 1
-                run.turn_ready(ft, 0, ft.route)
+            (placed if _on_engines(ft, roles_now) else arriving).append(ft)
+        for ft in placed:
+            run.place(ft)
         backend.call_later(0.0, partial(_switch, backend, roles_now, roles))
-        for ft in futures:
-            if ft.trajectory_id not in placed:
-                run.start(ft, ft.ready_s)
+        for ft in arriving:
+            run.start(ft, ft.ready_s)
         while run.waiting_new and run.in_flight < run.max_in_flight:
             run.start(run.waiting_new.pop(), 0.0)
         run.on_end()

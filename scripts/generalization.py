@@ -14,6 +14,9 @@ from pathlib import Path
 log = logging.getLogger("generalization")
 
 # name -> overrides. Lengths and sizes are illustrative settings, chosen before any run, not fitted.
+# The second group (from browse_moe16_sync on) was chosen after the first had been used to fix Prorsa,
+# to judge those fixes on settings they were not made on: other cluster sizes (4 and 16 engines),
+# SGLang in async, kv_both switching in async, long contexts, many short turns.
 SETTINGS: dict[str, list[str]] = {
     "reasoning_moe_sync": ["workload=reasoning", "cluster=moe_h200"],
     "browse_dense8_sync": ["workload=browse", "cluster=dense8_h100"],
@@ -29,13 +32,33 @@ SETTINGS: dict[str, list[str]] = {
                               "mode.max_in_flight=256"],
     "mix_reason_browse_dense8_async": ["workload=mix_reason_browse", "cluster=dense8_h100", "mode=async",
                                        "mode.max_in_flight=256"],
+    "browse_moe16_sync": ["workload=browse", "cluster=moe_h200", "cluster.num_engines=16"],
+    "tooluse_dense4_sync": ["workload=tooluse", "cluster=dense_h100", "cluster.num_engines=4"],
+    "search_sglang_async": ["workload=search", "cluster=moe_h200_sglang", "mode=async", "mode.max_in_flight=256"],
+    "reasoning_dense8_async": ["workload=reasoning", "cluster=dense8_h100", "mode=async",
+                               "mode.max_in_flight=256"],
+    "synth_longctx_dense8_sync": ["workload=synthetic", "cluster=dense8_h100", "workload.batch_size=32",
+                                  "workload.prompt_median=12000", "workload.output_median=300",
+                                  "workload.tool_output_median=500"],
+    "synth_manyturns_moe_async": ["workload=synthetic", "cluster=moe_h200", "mode=async", "mode.max_in_flight=256",
+                                  "workload.batch_size=32", "workload.turns_median=15", "workload.output_median=100",
+                                  "workload.tool_output_median=400", "workload.tool_latency_median_s=0.5"],
+    "browse_kvboth_moe_async": ["workload=browse", "cluster=moe_h200", "cluster.switch_mechanism=kv_both",
+                                "mode=async", "mode.max_in_flight=256"],
+    "mix_sglang_sync": ["workload=mix", "cluster=moe_h200_sglang"],
 }
-SPLITS = "1,2,3,4,5,6,7"
+ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
+
+
+def splits(overrides: list[str]) -> str:
+    """Every P:D split of the setting's cluster, 1 .. engines-1 prefill engines."""
+    n = next((int(o.split("=")[1]) for o in overrides if o.startswith("cluster.num_engines=")), ENGINES)
+    return ",".join(str(k) for k in range(1, n))
 
 
 def sweep(out: Path, overrides: list[str], seeds: str) -> None:
     cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides]
-    for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={SPLITS}"]):
+    for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={splits(overrides)}"]):
         rc = subprocess.run(cmd + policy, cwd=Path(__file__).parent.parent).returncode
         if rc != 0:
             log.warning("%s: a job failed (exit %d); the others are kept", out.name, rc)

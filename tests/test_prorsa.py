@@ -475,3 +475,38 @@ def test_a_switch_needs_confirm_plans_consecutive_plans():
         view.now = float(t)
         made.append(policy.plan(view) is not None)
     assert made == [False, True, False, False, False, True]
+
+
+def test_whatif_weight_update_flushes_the_prefix_caches():
+    """Async: the trainer updates the weights after every `update_every` completed trajectories, and
+    the cluster flushes every prefix cache then. Trajectory 0 ends first (1 s of work); trajectory 1
+    returns from a tool at 2 s with a 20,000-token context cached on engine 0. With an update after
+    the first end, its turn recomputes the whole context; with none (or when the update would follow
+    the run's last trajectory) it prefills its 100 new tokens only."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=1"])
+    assert cluster.flush_prefix_cache_on_weight_update
+    roles = [Role.COLOCATED]
+
+    def end_of_1(update_every, total):
+        first = FutureTrajectory(0, "f", 0.0, [FutureTurn(100, 0, 20, 0.0)])
+        back = FutureTrajectory(1, "f", 2.0, [FutureTurn(20_100, 20_000, 10, 0.0)], decode_engine=0, prefill_engine=0)
+        w = WhatIf(cluster, 5, 4.0, update_every=update_every, total=total)
+        ends = w.run([first, back], roles, roles).ends
+        assert len(ends) == 2 and ends[0] < 2.0
+        return ends[1]
+    kept = end_of_1(0, 0)
+    assert end_of_1(1, 3) > kept + 0.05          # 20,000 tokens recomputed on one H100
+    assert end_of_1(1, 1) == kept                # no update after the run's last trajectory
+    assert end_of_1(2, 4) == kept                # the update comes after two ends: none before turn 1
+
+
+def test_whatif_weight_update_instants_known_answers():
+    """Updates every 4 completions, 6 completed so far, 12 in the run: the what-if's 2nd end is the
+    8th completion (an update); its 6th end would be the 12th, the run's last (none)."""
+    w = WhatIf(cluster_of(["cluster=dense8_h100"]), 5, 4.0, update_every=4, total=12)
+    w.completed = 6
+    assert w._weight_updates(10) == {2}
+    w.completed = 0
+    assert w._weight_updates(12) == {4, 8}
+    assert WhatIf(cluster_of(["cluster=dense8_h100"]), 5, 4.0)._weight_updates(12) == frozenset()

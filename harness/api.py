@@ -84,10 +84,13 @@ class TurnRequest:
 
 @dataclass(frozen=True)
 class Route:
-    """Where a turn runs: one engine (colocated) or a prefill engine then a decode engine."""
+    """Where a turn runs: one engine (colocated) or a prefill engine then a decode engine, and its place in
+    the engines' waiting queues: lower `priority` is admitted first, first come first served among equals
+    (vLLM's `--scheduling-policy priority` order; 0 everywhere is plain FCFS)."""
 
     prefill_engine: int
     decode_engine: int
+    priority: float = 0.0
 
     @property
     def disaggregated(self) -> bool:

@@ -510,3 +510,18 @@ def test_whatif_weight_update_instants_known_answers():
     w.completed = 0
     assert w._weight_updates(12) == {4, 8}
     assert WhatIf(cluster_of(["cluster=dense8_h100"]), 5, 4.0)._weight_updates(12) == frozenset()
+
+
+def test_remaining_work_priority_known_answer():
+    """`priority: remaining_work` with deterministic priors (every trajectory 5 turns of 40 tokens, a
+    3-s tool call after each): from turn k a trajectory has 5 - k turns left, each 40 x tpot + 3 s; a
+    route's priority is minus that (most work left first)."""
+    from harness.prorsa.policy import Prorsa
+    policy = Prorsa(priority="remaining_work", initial="colocated")
+    policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), RUN)
+    per_turn = 40 * policy._tpot() + 3.0
+    left = policy._work_left["fam"]
+    assert left[:5] == pytest.approx([5 * per_turn, 4 * per_turn, 3 * per_turn, 2 * per_turn, per_turn])
+    assert left[7] == pytest.approx(per_turn)        # past every sampled length: this turn only
+    with pytest.raises(ValueError, match="policy.priority='lpt' is invalid; allowed: fcfs, remaining_work"):
+        Prorsa(priority="lpt")

@@ -138,3 +138,25 @@ def test_prefix_tracker_forgets_an_engine_whose_cache_was_cleared():
     assert p.decode_engine == {2: 3} and p.prefill_engine == {0: 0, 1: 1, 2: 0}
     p.observe(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, 3.0, engine_id=0))
     assert p.prefill_engine == {1: 1}
+
+
+@pytest.mark.parametrize("priorities, order", [((0, 0, 0), [0, 1, 2]), ((0, -2, -1), [1, 2, 0]),
+                                               ((-1, -1, 0), [0, 1, 2])])
+def test_queue_order_follows_route_priority(priorities, order):
+    """One engine that runs one sequence at a time (max_num_seqs=1) gets three turns at once: it serves
+    them by the routes' priority, lower first, and in arrival order among equals (vLLM's priority
+    scheduling; all 0 is FCFS)."""
+    from harness.api import Route, TurnRequest
+    from harness.sim.backend import SimBackend
+    from tests.conftest import cluster_of
+    backend = SimBackend(cluster_of(["cluster=dense_h100", "cluster.num_engines=1", "cluster.max_num_seqs=1"]),
+                         [Role.COLOCATED])
+    ends = []
+    backend.set_listener(lambda e: ends.append(e.trajectory_id) if e.kind == EventKind.DECODE_END else None,
+                         lambda r: None)
+    for tid, p in enumerate(priorities):
+        backend.submit(TurnRequest(trajectory_id=tid, group_id=tid, turn=0, family="f", prompt_tokens=500,
+                                   appended_tokens=500, max_output_tokens=20, output_tokens=20, t_ready=0.0),
+                       Route(0, 0, priority=p))
+    backend.run(None)
+    assert ends == order

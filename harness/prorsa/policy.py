@@ -52,9 +52,11 @@ class Prorsa:
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
                  initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
                  max_candidates: int = 8, mix_window: int = 128,
-                 confirm_plans: int = 2, seed: int = 0, name: str = "prorsa"):
+                 confirm_plans: int = 2, priority: str = "fcfs", seed: int = 0, name: str = "prorsa"):
         if initial not in ("plan", "colocated"):
             raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
+        if priority not in ("fcfs", "remaining_work"):
+            raise ValueError(f"policy.priority={priority!r} is invalid; allowed: fcfs, remaining_work")
         for key, v in (("control_interval_s", control_interval_s), ("replan_interval_s", replan_interval_s),
                        ("horizon_s", horizon_s)):
             if not (isinstance(v, (int, float)) and v > 0):
@@ -76,6 +78,8 @@ class Prorsa:
         self.initial, self.initial_samples, self.initial_max_samples = initial, initial_samples, initial_max_samples
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
         self.confirm_plans = confirm_plans
+        self.priority = priority
+        self._work_left: dict[str, np.ndarray] = {}   # family -> forecast work left (s) by turns so far
         self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
@@ -101,6 +105,8 @@ class Prorsa:
         dp = decode.par.dp
         self.default_tpot_s = float(decode.decode_step_times(np.full(dp, 32 // dp or 1), np.zeros(dp), 1)[0])
         self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
+        if self.priority == "remaining_work":
+            self._forecast_work_left(self._sampler(0.0))
         split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
         return roles_for(split, cluster.num_engines)
@@ -127,6 +133,8 @@ class Prorsa:
         self.planner.whatif.completed = self.tracker.started - len(self.tracker.live)
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
+        if self.priority == "remaining_work":
+            self._forecast_work_left(sampler)
         if self.use_forecast:
             futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
@@ -155,6 +163,9 @@ class Prorsa:
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         route = route_by_role(request, view, self.prefix)
+        if route is not None and self.priority == "remaining_work":
+            left = self._work_left[request.family]
+            route = Route(route.prefill_engine, route.decode_engine, -float(left[min(request.turn, len(left) - 1)]))
         if route is None:
             self.routes.pop(request.trajectory_id, None)
         else:
@@ -173,6 +184,20 @@ class Prorsa:
         return out
 
     # --- helpers --------------------------------------------------------------------------------
+    def _forecast_work_left(self, sampler: FutureSampler) -> None:
+        """`priority: remaining_work`: per family and turn index k, the forecast time the trajectory has
+        left from its turn k on: (1 + E[turns - (k+1) | turns > k]) x (mean output x time per token +
+        mean tool call). Queues then serve the trajectories with the most work left first, the
+        longest-processing-time-first order that shortens a sync step's critical path."""
+        tpot = self._tpot()
+        for f in self.families:
+            turns = sampler.turns[f]
+            per_turn = float(np.mean(sampler.outputs[f])) * tpot + float(np.mean(sampler.tool_latency[f]))
+            cap = int(self.run.priors[f].max_turns)
+            left = [(1 + float(np.mean(turns[turns > k])) - (k + 1)) * per_turn if (turns > k).any() else per_turn
+                    for k in range(cap)]
+            self._work_left[f] = np.asarray(left)
+
     def _sampler(self, now: float) -> FutureSampler:
         return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot())
 

@@ -228,7 +228,10 @@ class SimEngine:
                 "context cap or give the engines more memory")
         rank = self.ranks[best]
         self.backend.mark_stale(self)
-        rank.waiting.append(s)
+        q, i = rank.waiting, len(rank.waiting)   # behind every waiting leg of no higher priority
+        while i and q[i - 1].route.priority > s.route.priority:
+            i -= 1
+        q.insert(i, s)
         rank.waiting_kv += need
         if s.kind != DECODE:
             rank.pending_prefill += s.target

@@ -33,4 +33,4 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 test-engines: $(ESTAMP)
-	$(EVENV)/bin/python -m pytest -q -m engine tests/test_engines_vllm.py
+	$(EVENV)/bin/python -m pytest -q -m engine tests/test_engines_vllm.py tests/test_engine_faults.py

@@ -400,6 +400,9 @@ class VllmBackend(HttpBackendBase):
     async def _kill_server(self, engine_id: int) -> None:
         await self.pool.kill(engine_id)
 
+    async def _hang_server(self, engine_id: int) -> None:
+        await self.pool.hang(engine_id)
+
     async def _scrape(self) -> list[dict]:
         async def one(e):
             try:

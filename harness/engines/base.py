@@ -268,7 +268,13 @@ class HttpBackendBase:
     def kill_engine(self, engine_id: int) -> None:
         """Fault injection: SIGKILL the engine's server (its whole process group)."""
         self._pending += 1
-        self.loop.create_task(self._guard(self._kill(engine_id)))
+        self.loop.create_task(self._guard(self._kill_server(engine_id)))
+
+    def hang_engine(self, engine_id: int) -> None:
+        """Fault injection: SIGSTOP the engine's server; the health monitor must find it (harness/engines/
+        faults.py)."""
+        self._pending += 1
+        self.loop.create_task(self._guard(self._hang_server(engine_id)))
 
     def overhead(self) -> dict:
         """The harness's own time per leg against the server's time (see docs/engines.md)."""
@@ -303,6 +309,9 @@ class HttpBackendBase:
         raise NotImplementedError
 
     async def _kill_server(self, engine_id: int) -> None:
+        raise NotImplementedError
+
+    async def _hang_server(self, engine_id: int) -> None:
         raise NotImplementedError
 
     async def _healthy(self, engine_id: int, timeout_s: float = 5.0) -> bool:
@@ -511,9 +520,6 @@ class HttpBackendBase:
         e.available = True
         self.timeline.enter(e.engine_id, self.now(), e.role, "serving")
         self._emit(LifecycleEvent(K.ENGINE_RECOVERED, self.now(), engine_id=e.engine_id, detail=e.role.value))
-
-    async def _kill(self, engine_id: int) -> None:
-        await self._kill_server(engine_id)
 
     async def _monitor(self) -> None:
         """Detects a dead server between legs (a hung one too): /health every health_interval_s."""

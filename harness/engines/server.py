@@ -108,6 +108,15 @@ class ServerProcess:
             pass
         self.proc.wait()
 
+    def hang(self) -> None:
+        """SIGSTOP the whole process group (fault injection: a server that stops answering but keeps
+        its port and connections open, as a wedged GPU or a deadlocked scheduler does)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the group, SIGKILL what is left after `grace_s`."""
         if self.proc is None:
@@ -194,6 +203,9 @@ class EnginePool:
 
     async def kill(self, i: int) -> None:
         await self._acall(i, "kill")
+
+    async def hang(self, i: int) -> None:
+        await self._acall(i, "hang")
 
     def pid(self, i: int) -> int:
         return self._call(i, "pid")

@@ -274,6 +274,10 @@ class SGLangBackend(HttpBackendBase):
         if self.pool is not None:
             await self.pool.kill(engine_id)
 
+    async def _hang_server(self, engine_id: int) -> None:
+        if self.pool is not None:
+            await self.pool.hang(engine_id)
+
     # --- legs -------------------------------------------------------------------------------------
     async def _serve_turn(self, job: Job) -> None:
         r, route = job.request, job.route

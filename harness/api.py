@@ -181,6 +181,9 @@ class RunInfo:
     num_steps: int
     priors: dict[str, FamilyPriors]      # family -> priors (every family the workload can draw)
     weights: dict[str, float] = field(default_factory=dict)   # family -> share of trajectories at step 0
+    # per step, family -> share of its batch: the task mix the trainer's data loader declares (a
+    # curriculum is configuration, known before the run), never the trajectories themselves
+    step_weights: list[dict[str, float]] = field(default_factory=list)
 
 
 class Backend(Protocol):

@@ -72,14 +72,15 @@ def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
 
 def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
     """What a policy is told at the start: the mode, the sizes, the workload's priors and the family
-    shares of step 0's batch (counted here, so that the policy sees shares, never scripts)."""
+    shares of each step's batch (counted here, so that the policy sees shares, never scripts)."""
     per_step = workload.batch_size * workload.group_size
-    step0 = workload.batch(0)
-    families = Counter(s.family for s in step0)
+    shares = []
+    for step in range(mode.num_steps):
+        batch = workload.batch(step)
+        shares.append({f: n / len(batch) for f, n in Counter(s.family for s in batch).items()})
     return RunInfo(mode=mode.name, trajectories_per_step=per_step,
                    max_in_flight=mode.max_in_flight if mode.name == "async" else per_step,
-                   num_steps=mode.num_steps, priors=workload.priors(),
-                   weights={f: n / len(step0) for f, n in families.items()})
+                   num_steps=mode.num_steps, priors=workload.priors(), weights=shares[0], step_weights=shares)
 
 
 def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):

@@ -525,3 +525,21 @@ def test_remaining_work_priority_known_answer():
     assert left[7] == pytest.approx(per_turn)        # past every sampled length: this turn only
     with pytest.raises(ValueError, match="policy.priority='lpt' is invalid; allowed: fcfs, remaining_work"):
         Prorsa(priority="lpt")
+
+
+@pytest.mark.parametrize("mix_forecast, families", [("schedule", ["a", "a", "b", "b", "b", "b"]),
+                                                     ("window", ["a"] * 6)])
+def test_new_trajectories_follow_the_declared_mix_of_their_batch(mix_forecast, families):
+    """Async, 4 trajectories per batch, batch 0 all family a, batch 1 all b; 2 have started and 6 may
+    start next (the run's 8 minus 2). With the declared schedule the next two are a (the rest of batch
+    0) and the four after them b; with the window of recent starts (fewer than mix_window yet), the
+    step-0 mix: all a."""
+    from harness.prorsa.policy import Prorsa
+    run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=6, num_steps=2,
+                  priors={"a": FAM, "b": FAM}, weights={"a": 1.0}, step_weights=[{"a": 1.0}, {"b": 1.0}])
+    policy = Prorsa(initial="colocated", mix_forecast=mix_forecast)
+    policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
+    policy.tracker.started = 2
+    new = policy._new(policy._sampler(0.0), np.random.default_rng(0))
+    assert [f.family for f in new] == families
+    assert len({f.trajectory_id for f in new}) == 6 and all(f.trajectory_id < 0 for f in new)

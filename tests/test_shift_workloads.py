@@ -78,3 +78,18 @@ def test_a_phase_alone_keeps_one_mix():
     shares = {step: Counter(s.family for s in w.batch(step)) for step in range(cfg.mode.num_steps)}
     assert len({tuple(sorted(c.items())) for c in shares.values()}) == 1
     assert shares[0]["reasoning"] == round(0.9 * w.batch_size) * w.group_size
+
+
+def test_policies_are_told_each_steps_shares_not_the_scripts():
+    """RunInfo.step_weights: the family shares of every step's batch, as the schedule declares them
+    (shift_reason_browse: reasoning-heavy steps 0-1 and 4-5, browse-heavy 2-3 and 6-7)."""
+    from harness.experiment import run_info
+    from harness.rollout import ModeConfig
+    from omegaconf import OmegaConf
+    cfg = compose_config(["+experiment=shift_reason_browse"])
+    info = run_info(ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)),
+                    instantiate(cfg.workload, seed=0))
+    assert len(info.step_weights) == cfg.mode.num_steps and info.weights == info.step_weights[0]
+    heavy = [max(w, key=w.get) for w in info.step_weights]
+    assert heavy == ["reasoning", "reasoning", "browse", "browse"] * 2
+    assert all(abs(sum(w.values()) - 1) < 1e-9 and max(w.values()) > 0.7 for w in info.step_weights)

@@ -11,6 +11,8 @@ into OUT (default: the first DIR):
   policy, its decisions and forecast over time (prorsa_timeline_*); over all rows, speedup bars
   (speedup_bars).
 A failed or partial run is listed in a "failed runs" section and never enters a mean.
+With `--wandb [PROJECT]` the report is also one W&B run (job type "report", offline unless WANDB_MODE
+says otherwise, under OUT/wandb): speedup.csv as a W&B table and every PNG figure as an image.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import textwrap
 import zlib
@@ -30,6 +33,7 @@ import yaml
 
 from harness.figure_style import (COLORS, COLUMN_IN, PAGE_IN, RC, ROLE_COLORS, policy_color, policy_label,
                                   policy_order)
+from harness.wandb_logger import PROJECT
 
 SUMMARY_ROWS = [("policy", "{}"), ("workload", "{}"), ("mode", "{}"), ("cluster", "{}"),
                 ("completed_trajectories", "{}"), ("rollout_time_s", "{:.2f}"), ("lower_bound_s", "{:.2f}"),
@@ -540,6 +544,22 @@ class Figures:
         self.save(fig, "speedup_bars")
 
 
+def log_to_wandb(out: Path, figures: list[Path], project: str) -> bool:
+    """The written report in one W&B run: speedup.csv as a table, each PNG figure as an image. A W&B
+    failure is one warning and False: the report's files are already written."""
+    try:
+        import wandb
+        run = wandb.init(project=project, dir=str(out), mode=os.environ.get("WANDB_MODE", "offline"),
+                         job_type="report", name=f"report {out.resolve().name}")
+        run.log({"speedup": wandb.Table(dataframe=pd.read_csv(out / "speedup.csv"))})
+        run.log({f"figures/{p.stem}": wandb.Image(str(p)) for p in figures if p.suffix == ".png"})
+        run.finish()
+        return True
+    except Exception as exc:   # noqa: BLE001 - logging must never cost the report
+        log.warning("W&B: the report was not logged (%s: %s); its files are in %s", type(exc).__name__, exc, out)
+        return False
+
+
 def report(dirs: list[Path], out: Path) -> tuple[list[Run], list[Path]]:
     runs = find_runs(dirs)
     out.mkdir(parents=True, exist_ok=True)
@@ -551,6 +571,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the first DIR)")
+    parser.add_argument("--wandb", nargs="?", const=PROJECT, default=None, metavar="PROJECT",
+                        help=f"also log the table and figures as a W&B run (project default {PROJECT})")
     args = parser.parse_args(argv)
     missing = [d for d in args.dirs if not d.is_dir()]
     if missing:
@@ -562,6 +584,8 @@ def main(argv: list[str] | None = None) -> None:
           f".md, .tex and {len(figures)} figure files in {out}/figures")
     for line in _failed_lines(runs):
         print(f"  not included: {line}")
+    if args.wandb and log_to_wandb(out, figures, args.wandb):
+        print(f"logged the table and {sum(p.suffix == '.png' for p in figures)} figures to W&B under {out}/wandb")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from harness.timeseries import Sample
 
 RESULT_FILES = ("lifecycle.parquet", "engines.parquet", "timeseries.parquet")
 MODES = ("offline", "online", "disabled")
+PROJECT = "prorsa-harness"      # the default W&B project of runs and reports
 log = logging.getLogger(__name__)
 
 
@@ -50,7 +51,7 @@ class NoLogger:
 class WandbConfig:
     name: str
     mode: str = "offline"
-    project: str = "prorsa-harness"
+    project: str = PROJECT
     entity: str | None = None
     group: str | None = None        # None: the sweep directory's name in a multirun, no group otherwise
     tags: list[str] = field(default_factory=list)

@@ -232,3 +232,34 @@ def test_prorsa_timeline_marks_switches_and_forecast(six):
     switches = [line for line in timeline["axes"][0].get_lines() if list(line.get_xdata()) == [1.0, 1.0]]
     assert len(switches) == 1                           # the decision at t=1 s; the one at 0 is the start
     assert "2 engine role switches" in timeline["text"]
+
+
+def test_report_logs_its_table_and_figures_to_wandb(sweep, monkeypatch):
+    """`--wandb`: one offline W&B run under OUT/wandb holding speedup.csv as a table (same rows) and
+    every PNG figure as an image; checked in the run's .wandb file."""
+    import time
+    from tests.test_wandb import wandb_records
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    main([str(sweep), "--wandb"])
+    [run_file] = list(sweep.glob("wandb/offline-run-*/run-*.wandb"))
+    for _ in range(50):     # wandb's service may still be flushing the file after run.finish() returns
+        records = list(wandb_records(run_file))
+        if any(r.HasField("exit") for r in records):
+            break
+        time.sleep(0.2)
+    history = {item.key or "/".join(item.nested_key): item.value_json for r in records if r.HasField("history")
+               for item in r.history.item}
+    assert int(history["speedup/nrows"]) == len(pd.read_csv(sweep / "speedup.csv"))
+    pngs = {p.stem for p in (sweep / "figures").glob("*.png")}
+    assert pngs and {f"figures/{stem}/_type" for stem in pngs} <= set(history)
+    [run] = [r.run for r in records if r.HasField("run")]
+    assert run.job_type == "report"
+
+
+def test_report_survives_a_wandb_failure(sweep, monkeypatch, caplog):
+    """W&B failing (its directory not writable) costs the report nothing: one warning, files written."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    (sweep / "wandb").write_text("not a directory")
+    main([str(sweep), "--wandb"])
+    assert (sweep / "speedup.csv").exists() and (sweep / "figures" / "speedup_bars.png").exists()
+    assert any("W&B: the report was not logged" in r.message for r in caplog.records)

@@ -185,6 +185,11 @@ class RunInfo:
     # curriculum is configuration, known before the run), never the trajectories themselves
     step_weights: list[dict[str, float]] = field(default_factory=list)
 
+    @property
+    def total_trajectories(self) -> int:
+        """Every trajectory the run starts: num_steps batches of trajectories_per_step."""
+        return self.num_steps * self.trajectories_per_step
+
 
 class Backend(Protocol):
     """Executes: runs legs, moves KV, switches roles, keeps time, and reports lifecycle events."""

@@ -99,7 +99,7 @@ class Prorsa:
         self.run, self.cluster = run, cluster
         whatif = WhatIf(cluster, self.bins, self.horizon_s / self.bins,
                         update_every=run.trajectories_per_step if run.mode == "async" else 0,
-                        total=run.num_steps * run.trajectories_per_step)
+                        total=run.total_trajectories)
         self.planner = Planner(cluster, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
@@ -232,7 +232,7 @@ class Prorsa:
 
     def _new_count(self) -> int:
         """Async: the trajectories a rolling phase starts, never more than the run has left."""
-        left = self.run.num_steps * self.run.trajectories_per_step - self.tracker.started
+        left = self.run.total_trajectories - self.tracker.started
         return max(min(self.run.max_in_flight, left), 0)
 
     def _hedges(self, sampler: FutureSampler, rng) -> list[list[FutureTrajectory]]:
@@ -251,11 +251,11 @@ class Prorsa:
         draws, more while the choice is open, up to `initial_max_samples`)."""
         sampler = self._sampler(0.0)
         rng = np.random.default_rng([self.seed, 0])
-        total = self.run.num_steps * self.run.trajectories_per_step
         # async: the live set and the next one, never more than the run has (a short run sampled at twice
         # max_in_flight was twice as loaded as the real one, which favours splits: search on
         # moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
-        count = self.run.trajectories_per_step if self.run.mode == "sync" else min(2 * self.run.max_in_flight, total)
+        run = self.run
+        count = run.trajectories_per_step if run.mode == "sync" else min(2 * run.max_in_flight, run.total_trajectories)
         samples = [sampler.new(self.families, self.weights, count, 0, rng) for _ in range(self.initial_samples)]
         hedges = []
         if len(self.families) > 1:   # the mix may change: also weigh each family alone

@@ -180,10 +180,14 @@ class RunInfo:
     max_in_flight: int                   # async: the concurrency cap; sync: trajectories_per_step
     num_steps: int
     priors: dict[str, FamilyPriors]      # family -> priors (every family the workload can draw)
-    weights: dict[str, float] = field(default_factory=dict)   # family -> share of trajectories at step 0
     # per step, family -> share of its batch: the task mix the trainer's data loader declares (a
     # curriculum is configuration, known before the run), never the trajectories themselves
     step_weights: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Family -> share of trajectories at step 0 (none known: empty)."""
+        return self.step_weights[0] if self.step_weights else {}
 
     @property
     def total_trajectories(self) -> int:

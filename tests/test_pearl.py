@@ -93,7 +93,7 @@ def run_info(per_step: int) -> RunInfo:
     fam = FamilyPriors(prompt_tokens=prior(1000), output_tokens=prior(100), tool_output_tokens=prior(200),
                        tool_latency_s=prior(1.0), turns=prior(3), max_turns=20, context_cap=32768)
     return RunInfo(mode="sync", trajectories_per_step=per_step, max_in_flight=per_step, num_steps=2,
-                   priors={"fam": fam}, weights={"fam": 1.0})
+                   priors={"fam": fam}, step_weights=[{"fam": 1.0}])
 
 
 def view(roles: list[Role], now: float) -> ClusterView:

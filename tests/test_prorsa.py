@@ -19,7 +19,7 @@ FAM = FamilyPriors(prompt_tokens=LogNormalPrior(100, 0), output_tokens=LogNormal
                    tool_output_tokens=LogNormalPrior(200, 0), tool_latency_s=LogNormalPrior(3.0, 0),
                    turns=LogNormalPrior(5, 0), max_turns=20, context_cap=100_000)
 RUN = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=1, priors={"fam": FAM},
-              weights={"fam": 1.0})
+              step_weights=[{"fam": 1.0}])
 
 
 def feed(tracker, events):
@@ -536,7 +536,7 @@ def test_new_trajectories_follow_the_declared_mix_of_their_batch(mix_forecast, f
     step-0 mix: all a."""
     from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=6, num_steps=2,
-                  priors={"a": FAM, "b": FAM}, weights={"a": 1.0}, step_weights=[{"a": 1.0}, {"b": 1.0}])
+                  priors={"a": FAM, "b": FAM}, step_weights=[{"a": 1.0}, {"b": 1.0}])
     policy = Prorsa(initial="colocated", mix_forecast=mix_forecast)
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 2

@@ -19,12 +19,16 @@ difference in the number of role switches.
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from harness.cli import run_tool, split_args
+
+log = logging.getLogger("harness.fidelity")
 
 POLICIES = ("colocate", "fixed_pd", "prorsa")
 TIMELINE_POINTS = 1000   # samples of the normalised time axis for the role comparison
@@ -133,7 +137,7 @@ def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | Non
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib missing: no figure (run `python -m harness.fidelity compare=DIR` where it is)")
+        log.warning("matplotlib missing: no figure (run `python -m harness.fidelity compare=DIR` where it is)")
         return None
     fig, axes = plt.subplots(1, len(policies), figsize=(4.2 * len(policies), 4), squeeze=False)
     for ax, p in zip(axes[0], policies):
@@ -158,10 +162,10 @@ def report(out: Path, policies: list[str], real_from: Path | None = None) -> lis
     errs = [compare_dirs(p, real / p / "real", out / p / "sim") for p in policies
             if (real / p / "real" / "summary.json").exists() and (out / p / "sim" / "summary.json").exists()]
     (out / "fidelity.json").write_text(json.dumps([asdict(e) for e in errs], indent=1) + "\n")
-    print(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
+    log.info(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
           f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s} {'ttft e':>7s} {'dec e':>7s} {'pf tok':>7s}")
     for e in errs:
-        print(f"{e.policy:10s} {e.rollout_time_real_s:8.2f} {e.rollout_time_sim_s:8.2f} {e.rollout_time_err:+7.1%} "
+        log.info(f"{e.policy:10s} {e.rollout_time_real_s:8.2f} {e.rollout_time_sim_s:8.2f} {e.rollout_time_err:+7.1%} "
               f"{e.p50_err:+8.1%} {e.p90_err:+8.1%} {e.p99_err:+8.1%} {e.turn_median_abs_err:8.1%} "
               f"{e.role_mismatch:6.1%} {e.switches_real:3d}/{e.switches_sim:<3d} {e.ttft_p50_err:+7.1%} "
               f"{e.decode_p50_err:+7.1%} {e.prefill_tokens_err:+7.1%}")
@@ -198,33 +202,39 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
         for side, over in (("real", base), ("sim", [*sim_base, *sim_overrides(profile)])):
             d = (real_from or out) / p / side if side == "real" else out / p / side
             if (d / "summary.json").exists():
-                print(f"{p}/{side}: done before, kept ({d})")
+                log.info("%s/%s: done before, kept (%s)", p, side, d)
                 continue
             cfg = compose_config(over)
-            print(f"{p}/{side}: backend={cfg.backend.name}", flush=True)
+            log.info("%s/%s: backend=%s", p, side, cfg.backend.name)
             run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
     return report(out, names, real_from)
 
 
-def main(argv: list[str] | None = None) -> None:
-    own = {"profile": None, "policies": ",".join(POLICIES), "out": "results/fidelity/run", "compare": None, "seed": "0",
-           "real_from": None}
-    rest = []
-    for a in (sys.argv[1:] if argv is None else argv):
-        k, _, v = a.partition("=")
-        if k in own:
-            own[k] = v
-        else:
-            rest.append(a)
+USAGE = """usage: python -m harness.fidelity profile=FILE [policies=P,P,...] [out=DIR] [seed=N] [real_from=DIR]
+                                   [HYDRA OVERRIDES ...]
+       python -m harness.fidelity compare=DIR [policies=...] [real_from=DIR]
+Runs each policy on the real backend and on the simulator with the calibrated profile, then compares
+them (module docstring: harness/fidelity.py)."""
+
+
+def _main(argv: list[str]) -> None:
+    own, rest = split_args(argv, {"profile": "", "policies": ",".join(POLICIES), "out": "results/fidelity/run",
+                                  "compare": "", "seed": "0", "real_from": ""}, USAGE)
+    real_from = Path(own["real_from"]) if own["real_from"] else None
     if own["compare"]:
         d = Path(own["compare"])
         report(d, [p for p in (policy_overrides(s)[0] for s in own["policies"].split(",")) if (d / p).exists()],
-               Path(own["real_from"]) if own["real_from"] else None)
+               real_from)
         return
     if not own["profile"]:
         raise ValueError("profile=FILE is required (python -m harness.perf.calibrate writes one)")
-    run(own["profile"], own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]),
-        Path(own["real_from"]) if own["real_from"] else None)
+    if not own["seed"].isdigit():
+        raise ValueError(f"seed={own['seed']!r} is invalid; allowed: an integer >= 0")
+    run(own["profile"], own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]), real_from)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_tool(_main, argv, "harness.fidelity")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -248,3 +249,23 @@ def test_same_as_a_process_of_its_own(tmp_path, cid):
     assert res.returncode == 1 and expected in res.stderr, res.stderr[-3000:]
     assert "Traceback" not in res.stdout + res.stderr
     assert not list((tmp_path / "run").glob("*.parquet")) and not (tmp_path / "run" / "summary.json").exists()
+
+
+# The key=value tools (harness/cli.py): (module, arguments, what stderr must hold). Each stops before
+# any engine is started or file written, with exit status 2.
+TOOL_CASES = [
+    ("harness.fidelity", [], "profile=FILE is required"),
+    ("harness.fidelity", ["profile=p.json", "seed=x"], "seed='x' is invalid; allowed: an integer >= 0"),
+    ("harness.perf.calibrate", ["grid=huge"], "grid='huge' is invalid; allowed: full, quick"),
+    ("harness.perf.calibrate", ["engines=0"], "engines='0' is invalid; allowed: an integer >= 1"),
+    ("harness.perf.calibrate", ["contended=maybe"], "contended='maybe' is invalid; allowed: true, false"),
+]
+
+
+@pytest.mark.parametrize("module,args,expected", TOOL_CASES, ids=[f"{m}:{' '.join(a) or 'none'}" for m, a, _ in TOOL_CASES])
+def test_tool_rejects_with_the_key_named_no_traceback(tmp_path, module, args, expected):
+    res = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert expected in res.stderr and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    assert not list(tmp_path.iterdir())

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import random
 import shutil
@@ -42,9 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.cli import run_tool, split_args
 from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.profiled import fit_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
+
+logger = logging.getLogger("harness.perf.calibrate")
 
 PROFILE_VERSION = 1
 
@@ -475,9 +479,10 @@ async def profile_steps(c: EngineClient, g: Grid, log) -> dict:
 
 
 async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: int, contended: bool = False,
-                         log=print) -> tuple[dict, dict | None]:
+                         log=None) -> tuple[dict, dict | None]:
     """The isolated profile (engine 1 idle but for the KV transfer and the contention rows) and, with
     `contended`, the same steps measured while engine 1 runs `background_load`."""
+    log = log or logger.info
     import aiohttp
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
         c = EngineClient(s, urls, vocab)
@@ -505,19 +510,24 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
 
 
 # --- command line ---------------------------------------------------------------------------------
+USAGE = """usage: python -m harness.perf.calibrate [out=FILE] [grid=full|quick] [engines=N] [contended=false|true]
+                                        [HYDRA OVERRIDES ...]     (e.g. backend=vllm_cpu)
+       python -m harness.perf.calibrate refit=FILE               recompute the fits of a profile
+Measures prefill and decode step times on real engines and writes a profile the simulator's profiled
+cost model reads (module docstring: harness/perf/calibrate.py)."""
+
+
 def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    """`key=value` of this tool (out, grid, engines) and the rest as Hydra overrides of configs/config.yaml."""
-    own = {"out": "results/calibration/profile.json", "grid": "full", "engines": "2", "contended": "false",
-           "refit": ""}
-    rest = []
-    for a in argv:
-        k, _, v = a.partition("=")
-        if k in own:
-            own[k] = v
-        else:
-            rest.append(a)
+    """`key=value` of this tool (out, grid, engines, contended, refit) and the rest as Hydra overrides of
+    configs/config.yaml."""
+    own, rest = split_args(argv, {"out": "results/calibration/profile.json", "grid": "full", "engines": "2",
+                                  "contended": "false", "refit": ""}, USAGE)
     if own["grid"] not in GRIDS:
-        raise ValueError(f"grid={own['grid']!r}; allowed: {', '.join(GRIDS)}")
+        raise ValueError(f"grid={own['grid']!r} is invalid; allowed: {', '.join(GRIDS)}")
+    if not own["engines"].isdigit() or int(own["engines"]) < 1:
+        raise ValueError(f"engines={own['engines']!r} is invalid; allowed: an integer >= 1")
+    if own["contended"].lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise ValueError(f"contended={own['contended']!r} is invalid; allowed: true, false")
     return own, rest
 
 
@@ -530,9 +540,10 @@ def compose_config(overrides: list[str]):
 
 
 def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, contended: bool = False,
-              log=print) -> dict:
+              log=None) -> dict:
     """Profiles the engines and writes `out` (and, with `contended`, `<out stem>_contended.json`: the same
     steps measured while the other engine works, the upper bracket of CPU contention between servers)."""
+    log = log or logger.info
     from omegaconf import OmegaConf
 
     from harness.cluster import cluster_from_config
@@ -619,18 +630,21 @@ def refit(path: str, overrides: list[str]) -> dict:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    own, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+def _main(argv: list[str]) -> None:
+    own, overrides = parse_args(argv)
+    keys = ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit")
     if own["refit"]:
         p = refit(own["refit"], overrides)
-        print(json.dumps({k: p[k] for k in ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit")},
-                         indent=1, default=float))
+        logger.info(json.dumps({k: p[k] for k in keys}, indent=1, default=float))
         return
     p = calibrate(overrides, own["out"], GRIDS[own["grid"]], int(own["engines"]),
                   own["contended"].lower() in ("1", "true", "yes"))
-    print(json.dumps({k: p[k] for k in ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit",
-                                        "contention", "api_overhead_s")}, indent=1, default=float), flush=True)
-    print(f"wrote {own['out']}")
+    logger.info(json.dumps({k: p[k] for k in (*keys, "contention", "api_overhead_s")}, indent=1, default=float))
+    logger.info("wrote %s", own["out"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_tool(_main, argv, "harness.perf.calibrate")
 
 
 if __name__ == "__main__":

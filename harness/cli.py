@@ -1,0 +1,37 @@
+"""The `key=value` command lines of the fidelity and calibration tools: the tool's own keys, the rest
+passed on as Hydra overrides of configs/config.yaml; `--help`; bad input ends in one line naming the
+key, with no traceback."""
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
+log = logging.getLogger("harness.cli")
+
+
+def split_args(argv: list[str], defaults: dict[str, str], usage: str) -> tuple[dict[str, str], list[str]]:
+    """The tool's own keys (over `defaults`) and the remaining arguments (Hydra overrides). `-h` or
+    `--help` writes `usage` and exits 0."""
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(usage.rstrip() + "\n")
+        raise SystemExit(0)
+    own, rest = dict(defaults), []
+    for a in argv:
+        k, _, v = a.partition("=")
+        if k in own:
+            own[k] = v
+        else:
+            rest.append(a)
+    return own, rest
+
+
+def run_tool(main: Callable[[list[str]], None], argv: list[str] | None, prog: str) -> None:
+    """Runs `main(argv)`; a ValueError (bad input, its message names the key) becomes one line on stderr
+    and exit status 2."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        raise SystemExit(2) from None

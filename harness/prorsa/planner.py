@@ -109,9 +109,15 @@ class Planner:
         self.max_candidates = max_candidates
         self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
 
-    def score(self, outcome: Outcome) -> float:
-        """Sync: the step's end (its slowest trajectory); async: the mean end of the rolling set."""
-        return outcome.completion_s if self.mode == "sync" else outcome.mean_end_s
+    def on_mean_end(self, to_end: bool) -> bool:
+        """Whether a plan scores the mean end: in async RL, until the rolling set is the rest of the run
+        (`to_end`); from then on the run ends with its last trajectory, as a sync step does."""
+        return self.mode != "sync" and not to_end
+
+    def score(self, outcome: Outcome, to_end: bool = False) -> float:
+        """Sync, and async once the plan covers the run's end: the last end; async before: the mean end of
+        the rolling set."""
+        return outcome.mean_end_s if self.on_mean_end(to_end) else outcome.completion_s
 
     def candidates(self, current: int) -> list[int]:
         """Colocation and the splits; on big clusters the ones near the present split and a coarse grid."""
@@ -125,9 +131,10 @@ class Planner:
 
     def decide(self, view: ClusterView, current: int, futures: list[FutureTrajectory],
                new: list[FutureTrajectory], max_in_flight: int,
-               hedges: list[list[FutureTrajectory]] = ()) -> Decision:
+               hedges: list[list[FutureTrajectory]] = (), to_end: bool = False) -> Decision:
         """Score the present allocation (run to the end: it is also the forecast), then the other
-        candidates, the best of the last plan first; a candidate stops as soon as it is sure to end
+        candidates, the best of the last plan first (`to_end`: the futures and `new` are all the run has
+        left, so they are scored by their last end); a candidate stops as soon as it is sure to end
         later than the best so far by more than the hysteresis (it could not be chosen), and scores inf.
 
         `hedges` (async, several task families, switches that drain): the trajectories to start if
@@ -146,10 +153,10 @@ class Planner:
         for split in [current, *others]:
             roles = target_roles(view, split)
             roles_of[split] = roles
-            bound = min((self.score(o) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
+            bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
-                                              new, max_in_flight, bound=bound, on_mean_end=self.mode != "sync")
-        scores = {k: self.score(o) for k, o in outcomes.items()}
+                                              new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end))
+        scores = {k: self.score(o, to_end) for k, o in outcomes.items()}
         self._last = scores
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}
         top = min(scores.values())
@@ -165,7 +172,7 @@ class Planner:
             if (split, i) not in hedged:
                 roles = [roles_of[split][e.engine_id] for e in view.engines]
                 hedged[split, i] = self.score(self.whatif.run(futures, now_roles, roles, hedges[i], max_in_flight,
-                                                              on_mean_end=self.mode != "sync"))
+                                                              on_mean_end=self.on_mean_end(to_end)), to_end)
             return hedged[split, i]
 
         def robust(k: int) -> bool:

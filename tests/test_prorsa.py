@@ -464,7 +464,7 @@ def test_a_switch_needs_confirm_plans_consecutive_plans():
     wanted = iter([2, 2, 3, None, 3, 3])
     outcome = Outcome(1.0, 1.0, 1.0, [1.0], np.zeros(5), np.zeros(5))
 
-    def decide(view, current, *args):
+    def decide(view, current, *args, **kwargs):
         split = next(wanted)
         target = current if split is None else split
         return Decision(target, target_roles(view, target), split is not None, {current: 1.0, target: 1.0}, outcome)
@@ -543,3 +543,40 @@ def test_new_trajectories_follow_the_declared_mix_of_their_batch(mix_forecast, f
     new = policy._new(policy._sampler(0.0), np.random.default_rng(0))
     assert [f.family for f in new] == families
     assert len({f.trajectory_id for f in new}) == 6 and all(f.trajectory_id < 0 for f in new)
+
+
+class EndsWhatIf:
+    """A performance model with a mean end and a last end per split (`table`: split -> (mean, last))."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
+        from harness.prorsa.whatif import Outcome
+        mean, last = self.table[sum(r == Role.PREFILL for r in roles) or COLOCATED]
+        return Outcome(last, mean, 1.0, [last], np.zeros(5), np.zeros(5))
+
+
+def test_async_plan_scores_the_last_end_once_it_covers_the_runs_end():
+    """Async from 3P1D (mean end 100, last 300): 1P3D has the best mean end (50) but a last end of 200,
+    2P2D the mean 60 and the last 100. While trajectories remain beyond the plan, the mean end decides
+    (1P3D); once the plan holds the rest of the run, the run ends with its last trajectory (2P2D)."""
+    table = {COLOCATED: (120, 400), 1: (50, 200), 2: (60, 100), 3: (100, 300)}
+    planner = Planner(cluster_of(HEAVY), EndsWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
+                      mode="async")
+    view = engines([Role.PREFILL] * 3 + [Role.DECODE])
+    assert planner.decide(view, 3, [], [], 8).split == 1
+    assert planner.decide(view, 3, [], [], 8, to_end=True).split == 2
+
+
+def test_plan_covers_the_runs_end_once_the_rest_fits_in_flight():
+    """8 trajectories in 2 batches, 3 in flight at most: with 5 started, 3 are left (the rest fits in one
+    rolling set); with 4 started, 4 are left."""
+    from harness.prorsa.policy import Prorsa
+    run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=3, num_steps=2, priors={"a": FAM})
+    policy = Prorsa(initial="colocated")
+    policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
+    policy.tracker.started = 4
+    assert not policy._to_end()
+    policy.tracker.started = 5
+    assert policy._to_end()

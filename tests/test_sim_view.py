@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.api import ClusterView, EngineState, Role
-from harness.routing import EngineList, decode_load, pick, prefill_load
+from harness.routing import EngineList, decode_load, pick, prefill_load, request_load
 from harness.sim.backend import SimBackend
 from tests.conftest import SwitchAt, simulate
 from tests.test_sim_invariants import TIGHT
@@ -61,7 +61,7 @@ def test_kept_view_and_role_index_match_a_full_rebuild(small, case, monkeypatch)
             plain = ClusterView.with_role(v, role)
             assert type(indexed) is EngineList and indexed == plain
             for preferred in (None, plain[0].engine_id if plain else None, plain[-1].engine_id if plain else None):
-                for load in (decode_load, prefill_load):
+                for load in (decode_load, prefill_load, request_load):
                     assert pick(v.with_role(role), preferred, load) is pick(plain, preferred, load)
                     checked["picks"] += 1
         checked["views"] += 1
@@ -123,3 +123,26 @@ def test_engine_bookkeeping_matches_the_queues_and_caches(small, case, monkeypat
     result, df, _ = simulate(small + extra, policy=policy() if policy else None)
     assert len(checked) > 50
     assert "tight" not in case or df.preemptions.sum() > 0
+
+
+def state(engine_id: int, running: int, waiting: int = 0) -> EngineState:
+    return EngineState(engine_id=engine_id, role=Role.DECODE, available=True, gpus=1, waiting_requests=waiting,
+                       waiting_prefill_tokens=0, running_requests=running, decoding_requests=running,
+                       kv_used_tokens=running, kv_capacity_tokens=10_000)
+
+
+@pytest.mark.parametrize("held,least,moves", [
+    (64, 0, False),     # not over 64 requests: stays with its prefix
+    (70, 5, True),      # 65 more and 14x: the least busy takes it
+    (69, 5, False),     # 64 more: not over the absolute threshold
+    (200, 140, False),  # 60 more
+    (300, 190, True),   # 110 more and 1.58x
+    (300, 210, False),  # 90 more but 1.43x: not over the relative threshold
+])
+def test_a_turn_leaves_an_overloaded_prefix_engine_known_answers(held, least, moves):
+    """sgl-router's balance rule (64 requests and 1.5x): the engine holding the prefix keeps the turn
+    unless it holds more than 64 requests over the least busy and more than 1.5x its requests. Requests
+    count queued ones too (here 10 of `held` wait)."""
+    engines = [state(0, held - 10, 10), state(1, least), state(2, least + 1)]
+    chosen = pick(engines, 0, decode_load)
+    assert chosen.engine_id == (1 if moves else 0)

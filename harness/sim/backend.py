@@ -21,7 +21,7 @@ from typing import Callable
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig, parallel_cost_model
 from harness.perf.roofline import Parallelism
-from harness.routing import EngineList, decode_load, prefill_load
+from harness.routing import EngineList, decode_load, prefill_load, request_load
 from harness.sim.clock import EventLoop
 from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
 from harness.timeline import RoleTimeline
@@ -316,7 +316,7 @@ class _RoleIndex:
     """The available engines of one role, in id order: where each one is, and (built on first use)
     a heap per load function, so the least loaded engine is found in O(log engines)."""
 
-    LOADS = (decode_load, prefill_load)   # keys that end with the engine id: no two engines tie
+    LOADS = (decode_load, prefill_load, request_load)   # keys that end with the engine id: no two engines tie
 
     def __init__(self, backend: SimBackend, role: Role, engines: list[EngineState]):
         self.backend, self.role = backend, role

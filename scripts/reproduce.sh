@@ -31,14 +31,18 @@ sweep ablations +experiment=heavy_prefill policy=prorsa policy.forecast=true,fal
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.horizon_s=5,10,40
 sweep ablations +experiment=heavy_prefill policy=prorsa,colocate cluster.switch_time_s=1,30 \
   cluster.reshard_switch_time_s=10,120
-# Section 5: the mix that shifts during the run, with resharding and with vLLM's kv_both switch.
-for exp in shift_reason_browse shift_reason_browse_kvboth; do
-  sweep "$exp" +experiment=$exp policy=colocate,prorsa,pearl
-  sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6
+# Section 5: the mix that shifts during the run, with resharding and with vLLM's kv_both switch (moe_h200),
+# and with kv_both on the dense cluster; colocation, every split and Prorsa at three seeds, PEARL and the
+# ablations at seed 0.
+SHIFTS=(shift_reason_browse shift_reason_browse_kvboth shift_reason_browse_dense8)
+for exp in "${SHIFTS[@]}"; do
+  sweep "$exp" +experiment=$exp policy=colocate,prorsa seed=0,1,2
+  sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6 seed=0,1,2
+  sweep "$exp" +experiment=$exp policy=pearl
   sweep "$exp" +experiment=$exp policy=prorsa policy.switching=false
   sweep "$exp" +experiment=$exp policy=prorsa policy.forecast=false
 done
-"$PY" -m harness.report "$OUT"/shift_reason_browse "$OUT"/shift_reason_browse_kvboth --out "$OUT/report-shift"
+"$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"

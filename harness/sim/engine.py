@@ -23,17 +23,31 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from harness.api import EventKind, Role, Route, TurnRequest
+from harness.perf.catalogue import GPUSpec
 from harness.perf.roofline import Parallelism, RankBatch
-
-if TYPE_CHECKING:
-    from harness.sim.backend import SimBackend
+from harness.sim.clock import EventLoop
 
 FULL, PREFILL, DECODE = "full", "prefill", "decode"   # leg kinds: colocated, P side, D side
+
+
+class EngineHost(Protocol):
+    """What an engine needs from the cluster that owns it (harness/sim/backend.py): the clock, the cost
+    model, and the cluster-level consequences of its steps. The engine never imports its owner."""
+
+    gpu: GPUSpec
+    loop: EventLoop
+
+    def cost_model(self, par: Parallelism): ...
+    def mark_stale(self, e: SimEngine) -> None: ...          # the cluster view must re-read `e`
+    def emit(self, kind: EventKind, s: SimRequest, engine_id: int, tokens: int = 0, extra_tokens: int = 0): ...
+    def prefill_handoff(self, s: SimRequest) -> None: ...    # a PD prefill leg ended: start its decode leg
+    def start_transfer(self, s: SimRequest, tokens: int) -> None: ...   # pull a decode leg's KV
+    def engine_went_idle(self, e: SimEngine) -> None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -164,7 +178,7 @@ class EngineConfig:
 
 
 class SimEngine:
-    def __init__(self, engine_id: int, role: Role, par: Parallelism, backend: SimBackend, cfg: EngineConfig):
+    def __init__(self, engine_id: int, role: Role, par: Parallelism, backend: EngineHost, cfg: EngineConfig):
         self.id = engine_id
         self.backend = backend
         self.cfg = cfg

@@ -167,7 +167,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     driver = RolloutDriver(workload, policy, backend, mode)
     if oracle:
         policy.attach_driver(driver)
-    sampler = ClusterSampler(backend, driver, float(cfg.sample_interval_s))
+    sampler = ClusterSampler(backend, lambda: (driver.completed, driver.total), float(cfg.sample_interval_s))
     # This attempt replaces whatever an earlier one left: no completion marker until it ends, and no
     # temporary file of a killed attempt.
     (out / SUMMARY).unlink(missing_ok=True)

@@ -49,9 +49,19 @@ IGNORED_KEYS = ("seed", "logger", "progress_interval_s", "sample_interval_s")
 
 
 def print_summary(summary: dict) -> None:
+    """The run's headline numbers, one per line, to the log (the terminal and Hydra's run.log)."""
     width = max(len(k) for k, _ in SUMMARY_ROWS)
-    for key, fmt in SUMMARY_ROWS:
-        print(f"{key:<{width}}  {fmt.format(summary[key])}")
+    lines = [f"{key:<{width}}  {fmt.format(summary[key])}" for key, fmt in SUMMARY_ROWS]
+    if summary.get("prorsa_decisions"):
+        lines.append(f"{'prorsa_decisions':<{width}}  {decisions_text(summary['prorsa_decisions'])}")
+    log.info("\n".join(lines))
+
+
+def decisions_text(decisions: list, most: int = 8) -> str:
+    """Prorsa's allocations over time, `t s: kP` (k prefill engines; 0P is colocation): the first `most`
+    and how many more."""
+    shown = ", ".join(f"{t:g} s: {'colocated' if k == 0 else f'{k}P'}" for t, k in decisions[:most])
+    return shown + (f" (+{len(decisions) - most} more)" if len(decisions) > most else "")
 
 
 # --- finding runs ---------------------------------------------------------------------------------
@@ -275,6 +285,11 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed or partial.\n",
           f"## {SPEEDUP_CAPTION}\n", _md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", _md_table(eff),
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
+    decided = [r for r in runs if r.complete and r.summary.get("prorsa_decisions")]
+    if decided:
+        md += ["\n## Prorsa's decisions (the start, then each switch; kP = k prefill engines)\n",
+               *[f"- {' '.join(r.overrides) or r.path.name}: {r.summary.get('num_role_switches', 0)} engine role "
+                 f"switches; {decisions_text(r.summary['prorsa_decisions'])}" for r in decided]]
     below = oracle_below_hindsight(table)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]

@@ -7,6 +7,7 @@ on the backend's own clock, so it runs unchanged on real engines.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -14,7 +15,8 @@ from typing import Callable
 import pandas as pd
 
 from harness.api import Backend, Role
-from harness.rollout import RolloutDriver
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,14 @@ COLUMNS = list(Sample.__dataclass_fields__)
 
 @dataclass
 class ClusterSampler:
-    """Samples the cluster every `interval_s` of backend time until the driver has finished.
+    """Samples the cluster every `interval_s` of backend time until the rollout has finished.
 
-    Listeners get every sample as it is taken (W&B logging, progress on the terminal).
+    Listeners get every sample as it is taken (W&B logging, progress on the terminal). `progress` says
+    (trajectories completed, trajectories in the run): the sampler does not know the driver.
     """
 
     backend: Backend
-    driver: RolloutDriver
+    progress: Callable[[], tuple[int, int]]
     interval_s: float
     listeners: list[Callable[[Sample], None]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
@@ -62,11 +65,13 @@ class ClusterSampler:
         self.samples.append(sample)
         for listener in self.listeners:
             listener(sample)
-        if self.driver.completed < self.driver.total:
+        done, total = self.progress()
+        if done < total:
             self.backend.call_later(self.interval_s, self._tick, observer=True)
 
     def _sample(self) -> Sample:
         view = self.backend.view()
+        done, total = self.progress()
         serving = [e for e in view.engines if e.available]
         return Sample(
             t_s=view.now,
@@ -80,8 +85,8 @@ class ClusterSampler:
             engines_decode=sum(e.role == Role.DECODE for e in serving),
             engines_colocated=sum(e.role == Role.COLOCATED for e in serving),
             engines_switching=len(view.engines) - len(serving),
-            completed_trajectories=self.driver.completed,
-            total_trajectories=self.driver.total)
+            completed_trajectories=done,
+            total_trajectories=total)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([asdict(s) for s in self.samples], columns=COLUMNS)
@@ -89,7 +94,7 @@ class ClusterSampler:
 
 @dataclass
 class ProgressPrinter:
-    """Prints simulated time and trajectories done at most every `interval_s` of wall time.
+    """Logs simulated time and trajectories done at most every `interval_s` of wall time.
 
     A listener of the sampler: it runs on the backend clock and looks at the wall clock, so a fast
     simulation prints nothing and a long one reports steadily.
@@ -110,5 +115,5 @@ class ProgressPrinter:
         step = ""
         if self.per_step:
             step = f"step {min(s.completed_trajectories // self.per_step + 1, self.num_steps)}/{self.num_steps}, "
-        print(f"[{self.label}] {step}simulated {s.t_s:,.1f} s, trajectories {s.completed_trajectories}/"
-              f"{s.total_trajectories}, wall {now - self._start:,.1f} s", flush=True)
+        log.info("[%s] %ssimulated %s s, trajectories %d/%d, wall %s s", self.label, step, f"{s.t_s:,.1f}",
+                 s.completed_trajectories, s.total_trajectories, f"{now - self._start:,.1f}")

@@ -140,7 +140,7 @@ def test_fork_continues_exactly_as_the_original(overrides):
         policy = instantiate(cfg.policy)
         backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
         driver = RolloutDriver(workload, policy, backend, mode)
-        sampler = ClusterSampler(backend, driver, 1.0, listeners=[lambda s: None])   # an observer: stays behind
+        sampler = ClusterSampler(backend, lambda: (driver.completed, driver.total), 1.0, listeners=[lambda s: None])   # an observer: stays behind
         sampler.start()
         return driver, backend
 

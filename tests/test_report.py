@@ -263,3 +263,20 @@ def test_report_survives_a_wandb_failure(sweep, monkeypatch, caplog):
     main([str(sweep), "--wandb"])
     assert (sweep / "speedup.csv").exists() and (sweep / "figures" / "speedup_bars.png").exists()
     assert any("W&B: the report was not logged" in r.message for r in caplog.records)
+
+
+def test_speedup_md_lists_prorsas_decisions(six):
+    """Each Prorsa run's start and switches (make_run: colocated at 0 s, 2 prefill engines at 1 s)."""
+    root, _ = six
+    section = (root / "speedup.md").read_text().split("## Prorsa's decisions")[1].split("\n## ")[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("- ")]
+    assert len(lines) == 2 and all("2 engine role switches; 0 s: colocated, 1 s: 2P" in ln for ln in lines), section
+
+
+def test_printed_summary_names_prorsas_decisions(caplog):
+    from harness.report import SUMMARY_ROWS, print_summary
+    summary = {k: 1.0 for k, _ in SUMMARY_ROWS} | {"policy": "prorsa", "workload": "w", "mode": "sync",
+                                                   "cluster": "c", "prorsa_decisions": [[0.0, 4], [30.0, 0]]}
+    with caplog.at_level("INFO", logger="harness.report"):
+        print_summary(summary)
+    assert "prorsa_decisions" in caplog.text and "0 s: 4P, 30 s: colocated" in caplog.text

@@ -8,7 +8,7 @@ profiles. This script measures them on the GPU at hand, at the shapes of the mod
     python scripts/gpu_profile.py --out results/reference/h200_profile.json      # ~1-2 min on an H200
     python scripts/gpu_profile.py --smoke --out /tmp/p.json                     # tiny shapes, CPU ok
 
-Definitions (the same as perf.yaml's sources, reference/simulator.md "Measured efficiency"):
+Definitions (the same as perf.yaml's sources, docs/references.md, section 4):
   gemm_mfu       = achieved FLOP/s of the dense GEMMs at >= 1024 tokens / peak (median over shapes)
   mem_efficiency = weight bytes streamed per second by GEMMs at <= 128 tokens / HBM bandwidth (median)
   attn_mfu       = achieved FLOP/s of causal prefill attention at >= 4096 tokens / peak (median)

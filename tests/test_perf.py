@@ -15,7 +15,7 @@ def model(name, gpu="h100", **par):
 
 
 def test_vidur_golden_point_llama2_7b_qkv_projection():
-    # reference/simulator.md: Llama-2-7B QKV projection, 4096 tokens, TP1, H100 = 0.584 ms.
+    # Vidur's H100 profile (microsoft/vidur; docs/references.md, section 1): Llama-2-7B QKV projection, 4096 tokens, TP1, H100 = 0.584 ms.
     m = model("llama2_7b")
     qkv_params = 3 * 4096 * 4096
     t = m.gemm_time(qkv_params, 4096)

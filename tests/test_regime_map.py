@@ -1,0 +1,26 @@
+"""The regime map script on its one-cell smoke grid: every policy of the cell runs, the CSV holds the
+speedups and the lower bound's limit, and the heatmap is written as PNG and PDF."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_regime_map_smoke_cell(tmp_path):
+    res = subprocess.run([sys.executable, "scripts/regime_map.py", str(tmp_path), "--grid", "smoke"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "regime_map.csv")
+    assert len(df) == 1
+    r = df.iloc[0]
+    assert (r["new_tokens"], r["output_tokens"], r["dp"], r["engine"], r["mode"]) == (1000, 50, 4, "vllm", "sync")
+    assert r["best_split"] in ("2P", "4P", "6P") and r["best_fixed_speedup"] > 0 and r["prorsa_speedup"] > 0
+    assert r["max_gain_by_bound"] >= max(r["best_fixed_speedup"], r["prorsa_speedup"])   # nothing beats the bound
+    jobs = sorted(p.name for p in (tmp_path / "sync_vllm_dp4_new1000_out50").iterdir() if p.is_dir())
+    assert jobs == ["policy.num_prefill=2,policy=fixed_pd", "policy.num_prefill=4,policy=fixed_pd",
+                    "policy.num_prefill=6,policy=fixed_pd", "policy=colocate", "policy=prorsa"]
+    for ext in ("png", "pdf"):
+        assert (tmp_path / f"regime_map_sync.{ext}").stat().st_size > 1000

@@ -61,7 +61,7 @@ def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
         from harness.sim.backend import SimBackend
         return SimBackend(cluster, roles, fast_forward=bool(cfg.backend.fast_forward))
     if name in ("vllm_cpu", "vllm"):
-        from harness.engines.backend import VllmBackend
+        from harness.engines.vllm import VllmBackend
         return VllmBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster, roles,
                                        seed=int(cfg.seed))
     if name == "sglang":

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.api import Role
-from harness.engines.backend import (VllmBackend, backend_kwargs, vllm_argv, vllm_cluster_flags, vllm_server_specs,
+from harness.engines.vllm import (VllmBackend, backend_kwargs, vllm_argv, vllm_cluster_flags, vllm_server_specs,
                                      vllm_switch_wait_s)
 from harness.engines.sglang import (SGLangBackend, check_sglang_cluster, sglang_argv, sglang_cluster_flags,
                                     sglang_switch_relaunches)

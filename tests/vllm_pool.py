@@ -13,7 +13,7 @@ from harness.api import EventKind
 from harness.cluster import cluster_from_config
 from harness.experiment import lifecycle_frame, run_info
 from harness.rollout import ModeConfig, RolloutDriver
-from harness.engines.backend import VllmBackend, backend_kwargs, vllm_server_specs
+from harness.engines.vllm import VllmBackend, backend_kwargs, vllm_server_specs
 from harness.engines.server import EnginePool
 from tests.conftest import load_config
 

@@ -559,3 +559,12 @@ class HttpBackendBase:
 def _timeout(total: float):
     import aiohttp
     return aiohttp.ClientTimeout(total=total)
+
+
+def check_extra_args(extra: list[str], owned: dict[str, str]) -> None:
+    """backend.extra_args may not set a flag the cluster config owns (two sources that could disagree)."""
+    for a in extra:
+        flag = a.split("=", 1)[0]
+        if flag in owned:
+            raise ValueError(f"backend.extra_args sets {flag}, which comes from cluster.{owned[flag]}; "
+                             f"set cluster.{owned[flag]} instead and remove {flag} from backend.extra_args")

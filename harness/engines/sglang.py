@@ -31,13 +31,13 @@ from urllib.parse import urlparse
 
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
-from harness.engines.backend import check_extra_args
-from harness.engines.base import EngineGone, EngineRuntime, HttpBackendBase, Job, LegError, reject_removed_keys
+from harness.engines.base import (EngineGone, EngineRuntime, HttpBackendBase, Job, LegError, check_extra_args,
+                                   reject_removed_keys)
 from harness.engines.server import EnginePool, ServerSpec
 
 
 # --- the servers' command lines ------------------------------------------------------------------
-# As for vLLM (harness/engines/backend.py): the cluster config is the one source of parallelism, token
+# As for vLLM (harness/engines/vllm.py): the cluster config is the one source of parallelism, token
 # budgets, batch limits and the switch mechanism; the backend config holds the rest. Flag names from SGLang's
 # ServerArgs.add_cli_args (sgl-project/sglang python/sglang/srt/server_args.py) and its server-arguments page
 # (docs.sglang.io/advanced_features/server_arguments.html).

@@ -547,7 +547,7 @@ def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, cont
     from omegaconf import OmegaConf
 
     from harness.cluster import cluster_from_config
-    from harness.engines.backend import vllm_server_specs
+    from harness.engines.vllm import vllm_server_specs
     from harness.engines.server import EnginePool
     cfg = compose_config(["cluster=cpu_small", *overrides])
     bcfg = OmegaConf.to_container(cfg.backend, resolve=True)

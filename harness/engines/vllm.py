@@ -32,7 +32,7 @@ from pathlib import Path
 
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
-from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, reject_removed_keys
+from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, check_extra_args, reject_removed_keys
 from harness.engines.server import EnginePool, ServerSpec
 
 NIXL_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -101,15 +101,6 @@ def _vllm_owned_flags(role: Role) -> dict[str, str]:
             "--data-parallel-size": f"{p}.dp", "-dp": f"{p}.dp",
             "--enable-expert-parallel": f"{p}.ep", "--no-enable-expert-parallel": f"{p}.ep", "-ep": f"{p}.ep",
             "--max-num-batched-tokens": "max_num_batched_tokens", "--max-num-seqs": "max_num_seqs"}
-
-
-def check_extra_args(extra: list[str], owned: dict[str, str]) -> None:
-    """backend.extra_args may not set a flag the cluster config owns (two sources that could disagree)."""
-    for a in extra:
-        flag = a.split("=", 1)[0]
-        if flag in owned:
-            raise ValueError(f"backend.extra_args sets {flag}, which comes from cluster.{owned[flag]}; "
-                             f"set cluster.{owned[flag]} instead and remove {flag} from backend.extra_args")
 
 
 def vllm_argv(cfg: dict, cluster: ClusterConfig, role: Role = Role.COLOCATED) -> list[str]:

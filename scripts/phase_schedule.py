@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--reasoning", type=int, required=True, help="prefill engines in reasoning phases (0: colocated)")
     ap.add_argument("--browse", type=int, required=True, help="prefill engines in browse phases (0: colocated)")
     ap.add_argument("--lag", type=float, default=0.0, help="share of a batch started before its split is taken")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()   # overrides may come before or after the options
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
         cfg = compose("config", overrides=["logger=none", *args.overrides])

@@ -20,6 +20,7 @@ from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnR
 from harness.cluster import ClusterConfig
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.routing import PrefixTracker, route_by_role
+from harness.sim.backend import nested_runs
 
 
 class HoldRoles:
@@ -101,9 +102,11 @@ class OraclePD:
         scores, roles_of = {}, {}
         for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)):
             roles = target_roles(view, k)
-            fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix)))
-            fork.apply_roles(fork.backend.view(), roles)
-            scores[k] = fork.resume().rollout_time_s
+            with nested_runs():
+                fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix)))
+                fork.apply_roles(fork.backend.view(), roles)
+                scores[k] = fork.resume().rollout_time_s
+                del fork
             roles_of[k] = roles
         self.predicted.append((view.now, scores))
         best = min(scores, key=lambda k: (scores[k], k != current, k))

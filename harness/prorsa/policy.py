@@ -36,6 +36,7 @@ from harness.prorsa.switcher import COLOCATED, current_split, roles_for
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import ON_ENGINE, FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import PrefixTracker, route_by_role
+from harness.sim.backend import nested_runs
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,8 @@ class Prorsa:
         self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
         if self.priority == "remaining_work":
             self._forecast_work_left(self._sampler(0.0))
-        split = COLOCATED if self.initial == "colocated" else self._initial_split()
+        with nested_runs():
+            split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
         return roles_for(split, cluster.num_engines)
 
@@ -133,6 +135,11 @@ class Prorsa:
         self._next_plan = view.now + self.replan_interval_s
         self._starts_seen = self.tracker.started
         self._plans += 1
+        with nested_runs():   # the what-if simulations are freed when the plan is made
+            return self._plan_now(view, current)
+
+    def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
+        """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
         self.planner.whatif.completed = self.tracker.started - len(self.tracker.live)
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)

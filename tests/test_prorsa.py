@@ -1,11 +1,13 @@
 """Prorsa on hand-made lifecycles: the tracker, the sampled futures (multi-turn forecasts), forecast
 error bookkeeping, the what-if performance model against measured runs, the planner and the switcher."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
-from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, RunInfo
+from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, Route, RunInfo
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
@@ -580,3 +582,33 @@ def test_plan_covers_the_runs_end_once_the_rest_fits_in_flight():
     assert not policy._to_end()
     policy.tracker.started = 5
     assert policy._to_end()
+
+
+def test_switcher_moves_engines_by_the_decode_work_they_carry():
+    """With the decode work each engine's turns under way still have (tokens): from 2P2D to 1P3D the
+    prefill engine still carrying decodes (engine 1: 5,000 tokens left) goes back to decode, not the
+    one with less queued prefill; from 1P3D to 2P2D the decode engine with the least work left (engine
+    3) becomes a prefill engine; from colocation the two least loaded become the prefill pool. Without
+    the work, the old order (queued prefill; running requests)."""
+    view = engines([Role.PREFILL, Role.PREFILL, Role.DECODE, Role.DECODE])
+    view.engines[0] = replace(view.engines[0], waiting_prefill_tokens=100)
+    view.engines[1] = replace(view.engines[1], waiting_prefill_tokens=900)
+    left = {1: 5000.0, 2: 800.0, 3: 50.0}
+    assert target_roles(view, 1, left)[1] == Role.DECODE and target_roles(view, 1, left)[0] == Role.PREFILL
+    assert target_roles(view, 1)[0] == Role.DECODE                     # without: the least queued prefill
+    view = engines([Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE])
+    assert [r for r in target_roles(view, 2, {1: 10.0, 2: 500.0, 3: 5.0}).values()].count(Role.PREFILL) == 2
+    assert target_roles(view, 2, {1: 10.0, 2: 500.0, 3: 5.0})[3] == Role.PREFILL
+    view = engines([Role.COLOCATED] * 4)
+    roles = target_roles(view, 2, {0: 900.0, 1: 10.0, 2: 700.0, 3: 0.0})
+    assert sorted(e for e, r in roles.items() if r == Role.PREFILL) == [1, 3]
+
+
+def test_decode_left_sums_the_rest_of_each_engines_turns():
+    from harness.prorsa.planner import decode_left
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    fts = [FutureTrajectory(1, "a", 0.0, [FutureTurn(10, 0, 300, 0.0), FutureTurn(20, 10, 99, 0.0)], in_progress=True,
+                            route=Route(0, 2)),
+           FutureTrajectory(2, "a", 0.0, [FutureTurn(10, 0, 200, 0.0)], in_progress=True, route=Route(1, 2)),
+           FutureTrajectory(3, "a", 1.0, [FutureTurn(10, 0, 700, 0.0)])]        # in a tool call: no engine
+    assert decode_left(fts) == {2: 500.0}

@@ -147,11 +147,12 @@ class Planner:
         candidate's worst end or worst regret over the mixes instead still let 4P4D -> 2P6D through
         (1,016 s). Candidates that beat staying are tried in score order."""
         now_roles = [e.role for e in view.engines]
+        left = decode_left(futures)
         outcomes: dict[int, Outcome] = {}
         roles_of: dict[int, dict[int, Role]] = {}
         others = sorted(set(self.candidates(current)) - {current}, key=lambda k: (self._last.get(k, np.inf), k))
         for split in [current, *others]:
-            roles = target_roles(view, split)
+            roles = target_roles(view, split, left)
             roles_of[split] = roles
             bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
@@ -216,6 +217,16 @@ class Planner:
         mixes = [scores] + [{k: run(k, h) for k in splits} for h in hedges]
         regret = {k: max(m[k] / min(m.values()) for m in mixes) for k in splits}
         return min(splits, key=lambda k: (regret[k], scores[k], k)), scores
+
+
+def decode_left(futures: list[FutureTrajectory]) -> dict[int, float]:
+    """Engine id -> the output tokens its turns under way still have to decode, by the sampled futures
+    (a turn's first future turn is the rest of the one under way)."""
+    left: dict[int, float] = {}
+    for ft in futures:
+        if ft.in_progress and ft.route is not None and ft.turns:
+            left[ft.route.decode_engine] = left.get(ft.route.decode_engine, 0.0) + ft.turns[0].output_tokens
+    return left
 
 
 INITIAL_TOLERANCE = 0.01   # a start this close to the best one is as good (a share of the best score)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
-from harness.routing import PrefixTracker, route_by_role
+from harness.routing import SGL_ROUTER, Balance, PrefixTracker, route_by_role
 from harness.sim.backend import nested_runs
 
 
@@ -29,8 +29,8 @@ class HoldRoles:
     name = "hold_roles"
     control_interval_s = None
 
-    def __init__(self, prefix: PrefixTracker):
-        self.prefix = prefix
+    def __init__(self, prefix: PrefixTracker, balance: Balance = SGL_ROUTER):
+        self.prefix, self.balance = prefix, balance
 
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         raise ValueError("hold_roles only continues a forked rollout")
@@ -42,7 +42,7 @@ class HoldRoles:
         return None
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        return route_by_role(request, view, self.prefix)
+        return route_by_role(request, view, self.prefix, self.balance)
 
     def metrics(self) -> dict:
         return {}
@@ -82,6 +82,7 @@ class OraclePD:
         if self._simulate is None:
             raise ValueError("policy=oracle_pd needs the simulator (backend=sim): it simulates the future")
         self.n = cluster.num_engines
+        self.balance = Balance.of(cluster)
         candidates = ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n))
         scores = {k: self._simulate(roles_for(k, self.n)) for k in candidates}
         best = min(scores, key=lambda k: (scores[k], k))
@@ -103,7 +104,7 @@ class OraclePD:
         for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)):
             roles = target_roles(view, k)
             with nested_runs():
-                fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix)))
+                fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix), self.balance))
                 fork.apply_roles(fork.backend.view(), roles)
                 scores[k] = fork.resume().rollout_time_s
                 del fork
@@ -116,7 +117,7 @@ class OraclePD:
         return roles_of[best]
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        return route_by_role(request, view, self.prefix)
+        return route_by_role(request, view, self.prefix, self.balance)
 
     def metrics(self) -> dict:
         return {"oracle_decisions": [[round(t, 3), k] for t, k in self.decisions],

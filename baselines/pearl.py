@@ -40,7 +40,7 @@ from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, Run
 from harness.cluster import ClusterConfig, cost_model
 from harness.perf.roofline import RankBatch
 from harness.prorsa.switcher import COLOCATED, current_split, target_roles
-from harness.routing import PrefixTracker, route_by_role
+from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +289,7 @@ class Pearl:
     # --- Policy contract ----------------------------------------------------------------------
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         self.cluster, self.run = cluster, run
+        self.balance = Balance.of(cluster)
         self.workload = prior_workload(run)
         self.model = self._model(self.workload, decode_ab=None)
         d = choose(self.model, None, self.hysteresis)
@@ -348,7 +349,7 @@ class Pearl:
         return {k: r for k, r in target_roles(view, d.split).items() if r != self.roles[k]}
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        return route_by_role(request, view, self.prefix)
+        return route_by_role(request, view, self.prefix, self.balance)
 
     def metrics(self) -> dict:
         return {"pearl_decisions": [[round(t, 3), k] for t, k in self.decisions],

@@ -11,7 +11,7 @@ from __future__ import annotations
 from baselines.base import split_roles
 from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.routing import PrefixTracker, route_by_role
+from harness.routing import Balance, PrefixTracker, route_by_role
 
 
 class ReactivePD:
@@ -36,6 +36,7 @@ class ReactivePD:
         self._last_switch = float("-inf")
 
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
+        self.balance = Balance.of(cluster)
         return split_roles(self.num_prefill, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
@@ -60,7 +61,7 @@ class ReactivePD:
         return roles
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        return route_by_role(request, view, self.prefix)
+        return route_by_role(request, view, self.prefix, self.balance)
 
     def metrics(self) -> dict:
         return {}

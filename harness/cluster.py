@@ -42,6 +42,9 @@ class ClusterConfig:
     flush_prefix_cache_on_weight_update: bool = True   # RL frameworks flush after each weight update
     switch_mechanism: str = "reshard"          # kv_both | drain | reshard (SWITCH_MECHANISMS)
     router_update_s: float = 0.0               # kv_both: the whole cost of a switch
+    router_balance_abs_requests: int = 64      # a turn leaves its prefix's engine above this many requests
+    router_balance_rel: float = 1.5            # ... more than the least busy, and this many times its own
+                                               # (sgl-router's cache_aware defaults; harness/routing.py Balance)
 
     @property
     def prefill_budget(self) -> int:
@@ -117,6 +120,12 @@ def cluster_from_config(c: dict) -> ClusterConfig:
     if "router_update_s" in c:
         _require(is_number(c["router_update_s"]) and c["router_update_s"] >= 0, "router_update_s",
                  c["router_update_s"], "a number >= 0")
+    if "router_balance_abs_requests" in c:
+        _require(is_int(c["router_balance_abs_requests"]) and c["router_balance_abs_requests"] >= 0,
+                 "router_balance_abs_requests", c["router_balance_abs_requests"], "an integer >= 0")
+    if "router_balance_rel" in c:
+        _require(is_number(c["router_balance_rel"]) and c["router_balance_rel"] >= 1, "router_balance_rel",
+                 c["router_balance_rel"], "a number >= 1")
     _require(c.get("cost_model", "roofline") in ("roofline", "profiled"), "cost_model",
              c.get("cost_model"), "roofline, profiled")
     if c.get("cost_model") == "profiled":
@@ -168,7 +177,8 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
 _OPTIONAL = ("engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
-             "flush_prefix_cache_on_weight_update", "switch_mechanism", "router_update_s")
+             "flush_prefix_cache_on_weight_update", "switch_mechanism", "router_update_s",
+             "router_balance_abs_requests", "router_balance_rel")
 
 
 def cost_model(cluster: ClusterConfig, role: Role):

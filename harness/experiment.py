@@ -38,7 +38,7 @@ from harness.api import Role, RunInfo
 from harness.cluster import ClusterConfig, cluster_from_config, is_int, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
-from harness.routing import PrefixTracker
+from harness.routing import Balance, PrefixTracker
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
@@ -97,7 +97,7 @@ def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):
 def static_rollout_s(cfg: DictConfig, cluster: ClusterConfig, mode: ModeConfig, roles: list[Role]) -> float:
     """The rollout time of the run `cfg` describes with `roles` held throughout (the oracle's start)."""
     workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = HoldRoles(PrefixTracker())
+    policy = HoldRoles(PrefixTracker(), Balance.of(cluster))
     backend = build_backend(cfg, cluster, roles)
     return RolloutDriver(workload, policy, backend, mode).run().rollout_time_s
 

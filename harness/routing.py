@@ -7,6 +7,8 @@ least busy one, and then sends it to the least busy (its prefix recomputed there
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 
 
@@ -53,12 +55,26 @@ def decode_load(e: EngineState) -> tuple:
             e.running_requests + e.waiting_requests + e.inbound_requests, e.engine_id)
 
 
-# sgl-router's cache_aware defaults (sgl-project/sglang, sgl-router/py_src/sglang_router/router_args.py:
-# balance_abs_threshold 64, balance_rel_threshold 1.5; a worker's load is its requests in flight). There
-# the router balances when the busiest worker exceeds the least busy by both; here a turn leaves its
-# prefix's engine when that engine does (the engines a turn would not go to do not move it).
-BALANCE_ABS_REQUESTS = 64
-BALANCE_REL = 1.5
+@dataclass(frozen=True)
+class Balance:
+    """When a turn leaves the engine holding its prefix: that engine holds more than `abs_requests`
+    requests in flight over the least busy candidate and more than `rel` times its requests. Defaults:
+    sgl-router's cache_aware ones (sgl-project/sglang, sgl-router/py_src/sglang_router/router_args.py:
+    balance_abs_threshold 64, balance_rel_threshold 1.5; a worker's load is its requests in flight).
+    There the router balances when the busiest worker exceeds the least busy by both; here a turn
+    leaves its prefix's engine when that engine does. Set per cluster (`cluster.router_balance_abs_requests`,
+    `cluster.router_balance_rel`)."""
+
+    abs_requests: int = 64
+    rel: float = 1.5
+
+    @classmethod
+    def of(cls, cluster) -> Balance:
+        """The cluster config's rule (harness/cluster.py ClusterConfig)."""
+        return cls(cluster.router_balance_abs_requests, cluster.router_balance_rel)
+
+
+SGL_ROUTER = Balance()
 
 
 def requests_in_flight(e: EngineState) -> int:
@@ -115,10 +131,9 @@ def _preferred(candidates: list[EngineState], preferred: int | None) -> EngineSt
     return next((e for e in candidates if e.engine_id == preferred), None)
 
 
-def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineState | None:
-    """The preferred engine if it is a candidate (it holds the prefix) and not overloaded: holding more
-    than BALANCE_ABS_REQUESTS requests and BALANCE_REL times those of the least busy candidate, which
-    then takes the turn (sgl-router's balance rule); else the least loaded by `load`. Measured without
+def pick(candidates: list[EngineState], preferred: int | None, load, balance: Balance = SGL_ROUTER) -> EngineState | None:
+    """The preferred engine if it is a candidate (it holds the prefix) and not overloaded by `balance`'s
+    rule against the least busy candidate, which then takes the turn; else the least loaded by `load`. Measured without
     the balance rule on shift_reason_browse_kvboth (seed 0): fixed 4P4D 933.2 s, with it 879.4 s; the
     decode engines holding a batch's slowest trajectories kept them while the others idled."""
     if not candidates:
@@ -127,22 +142,23 @@ def pick(candidates: list[EngineState], preferred: int | None, load) -> EngineSt
     if e is None:
         return _least(candidates, load)
     n = requests_in_flight(e)
-    if n <= BALANCE_ABS_REQUESTS:    # cannot be imbalanced: no scan
+    if n <= balance.abs_requests:    # cannot be imbalanced: no scan
         return e
     lo = _least(candidates, request_load)
     m = requests_in_flight(lo)
-    return lo if n - m > BALANCE_ABS_REQUESTS and n > BALANCE_REL * m else e
+    return lo if n - m > balance.abs_requests and n > balance.rel * m else e
 
 
-def route_by_role(request: TurnRequest, view: ClusterView, prefix: PrefixTracker) -> Route | None:
+def route_by_role(request: TurnRequest, view: ClusterView, prefix: PrefixTracker,
+                  balance: Balance = SGL_ROUTER) -> Route | None:
     """Route to whatever roles exist now: PD when prefill and decode engines are available, else a
     colocated engine, else append-prefill on a decode engine; None (wait) when nothing can serve."""
     tid = request.trajectory_id
-    p = pick(view.with_role(Role.PREFILL), prefix.prefill_engine.get(tid), prefill_load)
-    d = pick(view.with_role(Role.DECODE), prefix.decode_engine.get(tid), decode_load)
+    p = pick(view.with_role(Role.PREFILL), prefix.prefill_engine.get(tid), prefill_load, balance)
+    d = pick(view.with_role(Role.DECODE), prefix.decode_engine.get(tid), decode_load, balance)
     if p is not None and d is not None:
         return Route(p.engine_id, d.engine_id)
-    c = pick(view.with_role(Role.COLOCATED), prefix.decode_engine.get(tid), decode_load)
+    c = pick(view.with_role(Role.COLOCATED), prefix.decode_engine.get(tid), decode_load, balance)
     if c is not None:
         return Route(c.engine_id, c.engine_id)
     if d is not None:

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.experiment import run_rollout
 from harness.prorsa.switcher import current_split, roles_for, target_roles
-from harness.routing import PrefixTracker, route_by_role
+from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger("phase_schedule")
 PHASES = ["reasoning", "reasoning", "browse", "browse"] * 2   # the experiments' schedule, batch by batch
@@ -33,6 +33,7 @@ class PhaseSchedule:
 
     def initial_roles(self, cluster, run) -> list[Role]:
         self.per_batch = run.trajectories_per_step
+        self.balance = Balance.of(cluster)
         return roles_for(self.splits[0], cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
@@ -49,7 +50,7 @@ class PhaseSchedule:
         return target_roles(view, want)
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        return route_by_role(request, view, self.prefix)
+        return route_by_role(request, view, self.prefix, self.balance)
 
     def metrics(self) -> dict:
         return {}

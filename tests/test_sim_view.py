@@ -146,3 +146,15 @@ def test_a_turn_leaves_an_overloaded_prefix_engine_known_answers(held, least, mo
     engines = [state(0, held - 10, 10), state(1, least), state(2, least + 1)]
     chosen = pick(engines, 0, decode_load)
     assert chosen.engine_id == (1 if moves else 0)
+
+
+def test_the_balance_rule_comes_from_the_cluster_config():
+    """`cluster.router_balance_abs_requests` / `router_balance_rel` reach the router: with 8 and 1.5, an
+    engine holding 20 requests against 5 gives the turn away; with the default 64 it keeps it."""
+    from harness.routing import Balance
+    from tests.conftest import cluster_of
+    tight = Balance.of(cluster_of(["cluster=dense8_h100", "cluster.router_balance_abs_requests=8"]))
+    assert tight == Balance(8, 1.5) and Balance.of(cluster_of(["cluster=dense8_h100"])) == Balance(64, 1.5)
+    engines = [state(0, 20), state(1, 5)]
+    assert pick(engines, 0, decode_load, tight).engine_id == 1
+    assert pick(engines, 0, decode_load).engine_id == 0

@@ -35,7 +35,7 @@ from harness.prorsa.planner import Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import ON_ENGINE, FutureSampler, FutureTrajectory, FutureTurn, WhatIf
-from harness.routing import PrefixTracker, route_by_role
+from harness.routing import Balance, PrefixTracker, route_by_role
 from harness.sim.backend import nested_runs
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class Prorsa:
     # --- Policy contract ----------------------------------------------------------------------
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         self.run, self.cluster = run, cluster
+        self.balance = Balance.of(cluster)
         whatif = WhatIf(cluster, self.bins, self.horizon_s / self.bins,
                         update_every=run.trajectories_per_step if run.mode == "async" else 0,
                         total=run.total_trajectories)
@@ -172,7 +173,7 @@ class Prorsa:
         return d.roles
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        route = route_by_role(request, view, self.prefix)
+        route = route_by_role(request, view, self.prefix, self.balance)
         if route is not None and self.priority == "remaining_work":
             left = self._work_left[request.family]
             route = Route(route.prefill_engine, route.decode_engine, -float(left[min(request.turn, len(left) - 1)]))

@@ -30,7 +30,7 @@ import numpy as np
 from harness.api import EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.tracker import LifecycleTracker, Phase
-from harness.routing import PrefixTracker, route_by_role
+from harness.routing import Balance, PrefixTracker, route_by_role
 from harness.sim.backend import SimBackend
 
 
@@ -222,6 +222,7 @@ class _Run:
     bin_s: float
     bins: int
     prefix: PrefixTracker = field(default_factory=PrefixTracker)
+    balance: Balance = field(default_factory=Balance)   # the router's rule (the cluster's)
     ready_at: dict[int, float] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)
@@ -264,7 +265,7 @@ class _Run:
             self.backend.submit(req, route)
 
     def route(self, req: TurnRequest) -> None:
-        r = route_by_role(req, self.backend.view(), self.prefix)
+        r = route_by_role(req, self.backend.view(), self.prefix, self.balance)
         if r is None:
             self.parked.append(req)
         else:
@@ -352,7 +353,8 @@ class WhatIf:
         backend = SimBackend(self.cluster, list(roles_now))
         self._warm_caches(backend, futures)
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
-                   max(max_in_flight, len(futures)), self.bin_s, self.bins, bound=bound, on_mean_end=on_mean_end,
+                   max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=Balance.of(self.cluster),
+                   bound=bound, on_mean_end=on_mean_end,
                    weight_updates=self._weight_updates(len(futures) + len(new)))
         for ft in futures:   # where each trajectory's KV lives, as the real router knows it
             if ft.decode_engine is not None:

@@ -89,16 +89,19 @@ def _label(job_dir: str, summary: dict) -> str:
     return f"{split.group(1)}P" if split else summary["policy"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", nargs="?", default="results/generalization")
+def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/generalization",
+         doc: str = __doc__) -> None:
+    """Runs `settings` (name -> overrides) and prints Prorsa against `hindsight_best` per setting and
+    seed (scripts/paper_clusters.py runs its own settings through this)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("out", nargs="?", default=default_out)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
-    for name, overrides in SETTINGS.items():
+    for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
         sweep(out / name, overrides, args.seeds)

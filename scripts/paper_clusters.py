@@ -3,13 +3,11 @@ on 128 H200 (configs/cluster/qwen235_h200.yaml, deepseek_v3_h200.yaml), under bo
 with the search, SWE and tool-use experiments' workloads and recipe batch sizes. Per setting:
 colocation, every fixed split and Prorsa (the runner and table of scripts/generalization.py).
     python scripts/paper_clusters.py [OUT] [--only NAME ...] [--seeds 0,1,2]"""
-import argparse
-import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generalization import sweep, table  # noqa: E402
+from generalization import main  # noqa: E402
 
 # Batch per step: the experiments' own (configs/experiment/*.yaml: Search-R1 512 x 5, DeepSWE 64 x 8,
 # tooluse 64 x 8); one step each.
@@ -19,25 +17,5 @@ SETTINGS = {f"{w}_{c}_{e}": [*over, f"cluster={c}", f"cluster.engine={e}"]
             for c in ("qwen235_h200", "deepseek_v3_h200") for e in ("vllm", "sglang") for w, over in WORKLOADS.items()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", nargs="?", default="results/paper_clusters")
-    ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--table-only", action="store_true")
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    for name, overrides in SETTINGS.items():
-        if not args.table_only and (not args.only or name in args.only):
-            sweep(out / name, overrides, args.seeds)
-    rows = table(out)
-    if rows:
-        cols = list(rows[0])
-        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-        for r in rows:
-            print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-
-
 if __name__ == "__main__":
-    main()
+    main(SETTINGS, "results/paper_clusters", __doc__)

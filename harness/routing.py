@@ -49,10 +49,15 @@ def prefill_load(e: EngineState) -> tuple:
     return (e.waiting_prefill_tokens, e.running_requests + e.waiting_requests, e.engine_id)
 
 
+def requests_in_flight(e: EngineState) -> int:
+    """Requests queued, running, or routed here and still prefilling elsewhere."""
+    return e.running_requests + e.waiting_requests + e.inbound_requests
+
+
 def decode_load(e: EngineState) -> tuple:
     """KV memory in use or promised to assigned legs, as a fraction of capacity, then requests."""
-    return ((e.kv_used_tokens + e.queued_kv_tokens) / max(e.kv_capacity_tokens, 1),
-            e.running_requests + e.waiting_requests + e.inbound_requests, e.engine_id)
+    return ((e.kv_used_tokens + e.queued_kv_tokens) / max(e.kv_capacity_tokens, 1), requests_in_flight(e),
+            e.engine_id)
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,6 @@ class Balance:
 
 
 SGL_ROUTER = Balance()
-
-
-def requests_in_flight(e: EngineState) -> int:
-    """Requests queued, running, or routed here and still prefilling elsewhere."""
-    return e.running_requests + e.waiting_requests + e.inbound_requests
 
 
 def request_load(e: EngineState) -> tuple:

@@ -244,12 +244,15 @@ class Prorsa:
         on shift_reason_browse_kvboth seed 2, scoring the mean end to the last: Prorsa ahead of the best
         static split (4P4D) in every batch's mean end (738 vs 748 s for the last) but behind in the
         run's end (851.1 vs 834.6 s), set by the last batch's slowest trajectories."""
-        return self.run.mode == "async" and self.run.total_trajectories - self.tracker.started <= self.run.max_in_flight
+        return self.run.mode == "async" and self._trajectories_left() <= self.run.max_in_flight
+
+    def _trajectories_left(self) -> int:
+        """Trajectories the run has still to start."""
+        return self.run.total_trajectories - self.tracker.started
 
     def _new_count(self) -> int:
         """Async: the trajectories a rolling phase starts, never more than the run has left."""
-        left = self.run.total_trajectories - self.tracker.started
-        return max(min(self.run.max_in_flight, left), 0)
+        return max(min(self.run.max_in_flight, self._trajectories_left()), 0)
 
     def _hedges(self, sampler: FutureSampler, rng) -> list[list[FutureTrajectory]]:
         """Async with several families, when a switch drains the engine (`drain`, `reshard`): the next

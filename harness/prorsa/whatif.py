@@ -334,6 +334,7 @@ class WhatIf:
         scripts predicted a mean end of 35.7 s where the run took 38.5 s, its single prefill engine
         recomputing every live context after each update."""
         self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
+        self.balance = Balance.of(cluster)   # the router's rule, as the run's policy routes
         self.update_every, self.total = update_every, total
         self.completed = 0        # trajectories the run has completed; the policy sets it before a plan
 
@@ -353,7 +354,7 @@ class WhatIf:
         backend = SimBackend(self.cluster, list(roles_now))
         self._warm_caches(backend, futures)
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
-                   max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=Balance.of(self.cluster),
+                   max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=self.balance,
                    bound=bound, on_mean_end=on_mean_end,
                    weight_updates=self._weight_updates(len(futures) + len(new)))
         for ft in futures:   # where each trajectory's KV lives, as the real router knows it

@@ -24,11 +24,12 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
@@ -37,31 +38,24 @@ from harness.engines.server import EnginePool, ServerSpec
 
 NIXL_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                        "remote_block_ids": None, "remote_host": None, "remote_port": None}
-_METRIC = re.compile(r'^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+eE0-9.naNinf]+)$')
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total",
             "vllm:external_prefix_cache_queries_total", "vllm:request_success_total",
             "vllm:generation_tokens_total")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name or name{source=...}: value}, summed over other labels."""
+    """Prometheus text (prometheus_client's parser) -> {sample name, or name{source=...}: value}, summed
+    over the other labels (engines, models); the KV cache size from vllm:cache_config_info's label."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _METRIC.match(line)
-        if not m:
-            continue
-        name, labels, value = m.groups()
-        src = re.search(r'source="([^"]+)"', labels or "")
-        key = f"{name}{{source={src.group(1)}}}" if src else name
-        if name == "vllm:cache_config_info":
-            size = re.search(r'kv_cache_size_tokens="(\d+)"', labels or "")
-            if size:
-                out["kv_cache_size_tokens"] = float(size.group(1))
-            continue
-        try:
-            out[key] = out.get(key, 0.0) + float(value)
-        except ValueError:
-            pass
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:cache_config_info":
+                if "kv_cache_size_tokens" in sample.labels:
+                    out["kv_cache_size_tokens"] = float(sample.labels["kv_cache_size_tokens"])
+                continue
+            source = sample.labels.get("source")
+            key = f"{sample.name}{{source={source}}}" if source else sample.name
+            out[key] = out.get(key, 0.0) + sample.value
     return out
 
 

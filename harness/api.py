@@ -166,6 +166,10 @@ class FamilyPriors:
     # correlation): a trajectory that has written long answers keeps writing long ones. 0: each turn
     # draws its length afresh.
     output_shared: float = 0.0
+    # The correlation of a trajectory's log turn count with its own output level (the shared part
+    # above): a hard task takes more turns and longer answers at once. It shapes the step's slowest
+    # trajectory, which is the one with many turns and long answers. 0: the two are independent.
+    turns_output_corr: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,10 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 
-def intraclass_correlation(groups: Iterable[Sequence[float]]) -> float | None:
-    """The share of the variance of values that members of one group share (e.g. the log output
-    lengths of one trajectory's turns): one-way random-effects ANOVA, method of moments for unequal
-    group sizes (Searle, Casella & McCulloch, "Variance Components", 1992, sec. 3.6). None when the
-    data cannot say (fewer than two groups, or no group with two values)."""
-    arrays = [np.asarray(g, dtype=float) for g in groups if len(g)]
+def _variance_components(arrays: list[np.ndarray]) -> tuple[float, float, np.ndarray, np.ndarray] | None:
+    """One-way random-effects ANOVA, method of moments for unequal group sizes (Searle, Casella &
+    McCulloch, "Variance Components", 1992, sec. 3.6): (shared variance, within variance, group means,
+    group sizes); None when the data cannot say (fewer than two groups, or no group with two values)."""
     k = len(arrays)
     sizes = np.array([len(a) for a in arrays], dtype=float)
     total = float(sizes.sum()) if k else 0.0
@@ -22,7 +20,31 @@ def intraclass_correlation(groups: Iterable[Sequence[float]]) -> float | None:
     within = sum(float(((a - m) ** 2).sum()) for a, m in zip(arrays, means)) / (total - k)
     between = float((sizes * (means - grand) ** 2).sum()) / (k - 1)
     n0 = (total - float((sizes ** 2).sum()) / total) / (k - 1)
-    shared = max((between - within) / n0, 0.0)
-    if shared + within <= 0:
+    return max((between - within) / n0, 0.0), within, means, sizes
+
+
+def intraclass_correlation(groups: Iterable[Sequence[float]]) -> float | None:
+    """The share of the variance of values that members of one group share (e.g. the log output
+    lengths of one trajectory's turns). None when the data cannot say."""
+    parts = _variance_components([np.asarray(g, dtype=float) for g in groups if len(g)])
+    if parts is None or parts[0] + parts[1] <= 0:
         return None
+    shared, within = parts[0], parts[1]
     return shared / (shared + within)
+
+
+def size_level_correlation(groups: Iterable[Sequence[float]]) -> float | None:
+    """The correlation of a group's log size with its shared level (e.g. a trajectory's log turn count
+    with the shared part of its log output lengths): the covariance of log size and group mean (the
+    own noise of a mean is independent of the size) over the spread of log sizes and the shared
+    variance. None when the data cannot say (no shared variance, or every group the same size)."""
+    parts = _variance_components([np.asarray(g, dtype=float) for g in groups if len(g)])
+    if parts is None or parts[0] <= 0:
+        return None
+    shared, _, means, sizes = parts
+    logs = np.log(sizes)
+    var = float(logs.var(ddof=1))   # unbiased, as the shared variance is
+    if var <= 0:
+        return None
+    cov = float(((logs - logs.mean()) * (means - means.mean())).sum()) / (len(logs) - 1)
+    return float(np.clip(cov / np.sqrt(var * shared), -1.0, 1.0))

@@ -354,6 +354,49 @@ def test_sampled_outputs_keep_the_marginal_and_the_trajectorys_own_level():
     assert flat.output("fam", 0.0, a) == float(flat.outputs["fam"][b.integers(len(flat.outputs["fam"]))])
 
 
+def test_size_level_correlation_known_answers():
+    """Group means that rise exactly with log group size: correlation 1 (shared variance from the
+    ANOVA); the reverse: -1; every group the same size, or no shared variance: the data cannot say.
+    Simulated: log size and level with correlation 0.6 (levels shared, own noise 0.5 per member)."""
+    from harness.stats import size_level_correlation
+    assert size_level_correlation([[0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]) == pytest.approx(1.0)
+    assert size_level_correlation([[1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]) == pytest.approx(-1.0)
+    assert size_level_correlation([[0.0, 1.0], [2.0, 3.0]]) is None
+    assert size_level_correlation([[0.0, 1.0], [1.0, 0.0, 1.0, 0.0]]) is None
+    rng = np.random.default_rng(0)
+    groups = []
+    for _ in range(4000):
+        z = rng.standard_normal()
+        size = int(np.clip(round(np.exp(1.5 + 0.5 * z)), 1, 60))
+        level = 0.8 * (0.6 * (np.log(size) - 1.5) / 0.5 + 0.8 * rng.standard_normal())
+        groups.append(level + np.sqrt(0.5) * rng.standard_normal(size))
+    assert size_level_correlation(groups) == pytest.approx(0.6, abs=0.06)
+
+
+def test_sampled_level_follows_the_turn_count_where_the_workload_links_them():
+    """Correlation 0.8 between log turn count and the level: a trajectory with the family's mean log
+    turn count gets a level around 0, one a deviation above it gets a level around 0.8 x the level's
+    deviation (shared variance 0.5 -> 0.8 * sqrt(0.5)), with the rest of its spread (0.5 * (1 - 0.64)).
+    Without the link the turn count changes nothing and the random stream is the same."""
+    from dataclasses import replace as dc_replace
+    values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
+    turns = np.sort(np.exp(np.random.default_rng(2).normal(np.log(8), 0.5, 4000)))
+    one = {"fam": np.array([1.0])}
+    from harness.prorsa.whatif import FutureSampler
+    base = FutureSampler(outputs={"fam": values}, tool_latency=one, tool_outputs=one, turns={"fam": turns},
+                         first_prompts=one, max_context={"fam": 10**9}, output_shared={"fam": 0.5})
+    linked = dc_replace(base, turns_output_corr={"fam": 0.8})
+    mu, sd = np.log(turns).mean(), np.log(turns).std()
+    rng = np.random.default_rng(3)
+    at_mean = [linked.output_level("fam", [], rng, int(round(np.exp(mu)))) for _ in range(3000)]
+    above = [linked.output_level("fam", [], rng, int(round(np.exp(mu + sd)))) for _ in range(3000)]
+    assert np.mean(at_mean) == pytest.approx(0.0, abs=0.05)
+    assert np.mean(above) - np.mean(at_mean) == pytest.approx(0.8 * np.sqrt(0.5), rel=0.15)
+    assert np.var(above) == pytest.approx(0.5 * (1 - 0.64), rel=0.1)
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    assert base.output_level("fam", [300], a, 40) == base.output_level("fam", [300], b, 2)
+
+
 def test_shared_output_share_is_learned_from_trajectories():
     """The prior's share until `min_observations` trajectories have two finished turns; then the
     estimate from them (ended and live): here each trajectory repeats its own length, a share of 1.
@@ -383,6 +426,8 @@ def test_workloads_state_how_much_a_trajectory_shares_its_output_length():
     from workloads.agent import AgentWorkload
     from workloads.synthetic import SyntheticWorkload
     assert SyntheticWorkload().priors()["synthetic"].output_shared == pytest.approx(0.2)
+    # the difficulty is the level and part of the log turn count: 0.3 / sqrt(0.3^2 + 0.5^2)
+    assert SyntheticWorkload().priors()["synthetic"].turns_output_corr == pytest.approx(0.3 / np.hypot(0.3, 0.5))
     cfg = load_config(["workload=swe"])
     from hydra.utils import instantiate
     w = instantiate(cfg.workload, seed=0)

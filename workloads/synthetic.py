@@ -7,7 +7,8 @@ lengths by (1 + drift)^step, so later RL steps decode more (as responses grow ov
 The numbers are illustrative, not a published workload (the real families are in their own modules).
 `priors()` are the step-0 marginals: the difficulty factor multiplies the turn count and the output
 length, so their log spread is sqrt(sigma^2 + group_sigma^2), and a trajectory's turns share the
-difficulty's part of the output length's log variance (`output_shared`).
+difficulty's part of the output length's log variance (`output_shared`), which is correlated with the
+log turn count by group_sigma / sqrt(group_sigma^2 + turns_sigma^2) (`turns_output_corr`).
 """
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ class SyntheticWorkload:
             tool_latency_s=LogNormalPrior(float(self.tool_latency_median_s), float(self.tool_latency_sigma)),
             turns=LogNormalPrior(float(self.turns_median), math.hypot(self.turns_sigma, self.group_sigma)),
             max_turns=self.max_turns, context_cap=self.context_cap,
-            output_shared=self.group_sigma ** 2 / (self.group_sigma ** 2 + self.output_sigma ** 2 or 1.0))}
+            output_shared=self.group_sigma ** 2 / (self.group_sigma ** 2 + self.output_sigma ** 2 or 1.0),
+            # the level is the difficulty's log; the log turn count is the difficulty's plus its own
+            turns_output_corr=self.group_sigma / (math.hypot(self.group_sigma, self.turns_sigma) or 1.0))}
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         rng = step_rng(self.seed, step)

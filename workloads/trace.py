@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.api import FamilyPriors
-from harness.stats import intraclass_correlation
+from harness.stats import intraclass_correlation, size_level_correlation
 from harness.trajectory import TrajectoryScript, TurnScript
 from workloads.base import Workload, fit_lognormal, group_id, trajectory_id
 
@@ -178,8 +178,8 @@ class TraceWorkload:
                 turns=fit_lognormal(len(s.turns) for s in scripts),
                 max_turns=max(len(s.turns) for s in scripts),
                 context_cap=max(sum(t.new_tokens + t.output_tokens for t in s.turns) for s in scripts),
-                output_shared=intraclass_correlation(
-                    np.log([max(t.output_tokens, 1) for t in s.turns]) for s in scripts) or 0.0)
+                output_shared=intraclass_correlation(logs(s) for s in scripts) or 0.0,
+                turns_output_corr=size_level_correlation(logs(s) for s in scripts) or 0.0)
         return out
 
     def batch(self, step: int) -> list[TrajectoryScript]:
@@ -191,6 +191,11 @@ class TraceWorkload:
                                    trajectory_id=trajectory_id(step, self.batch_size, self.group_size,
                                                                g * self.group_size + i)))
         return out
+
+
+def logs(script: TrajectoryScript) -> np.ndarray:
+    """A trajectory's log output tokens, turn by turn."""
+    return np.log([max(t.output_tokens, 1) for t in script.turns])
 
 
 def trace_line(script: TrajectoryScript) -> dict:

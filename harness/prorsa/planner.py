@@ -60,13 +60,15 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                 out[family] = product_limit(np.asarray(seen, dtype=float), np.asarray(running, dtype=float), prior)
         return out
     turns = pick(tracker.finished_turns, "turns")
+    shared = output_shared(tracker, run, min_observations)
     return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
                          tool_latency=pick(tracker.tool_latencies, "tool_latency_s"),
                          tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),
                          turns={f: np.minimum(v, run.priors[f].max_turns) for f, v in turns.items()},
                          first_prompts=pick(tracker.first_prompts, "prompt_tokens"),
                          max_context={f: p.context_cap for f, p in run.priors.items()},
-                         output_shared=output_shared(tracker, run, min_observations))
+                         output_shared=shared,
+                         turns_output_corr={f: run.priors[f].turns_output_corr for f in shared})
 
 
 def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> dict[str, float]:

@@ -100,26 +100,41 @@ class FutureSampler:
     first_prompts: dict[str, np.ndarray]
     max_context: dict[str, int]         # per family: no turn's prompt + output grows past it
     output_shared: dict[str, float] = field(default_factory=dict)
+    turns_output_corr: dict[str, float] = field(default_factory=dict)   # per family: log turns ~ level
 
     def __post_init__(self):
-        # per family with a shared level: (share, mean and variance of log output tokens)
-        self._levels: dict[str, tuple[float, float, float]] = {}
+        # per family with a shared level: (share, mean and variance of log output tokens, correlation of
+        # the level with the log turn count, mean and deviation of the log turn count)
+        self._levels: dict[str, tuple[float, float, float, float, float, float]] = {}
         for f, rho in self.output_shared.items():
             if rho > 0:
                 logs = np.log(np.maximum(np.asarray(self.outputs[f], dtype=float), 1.0))
-                self._levels[f] = (min(rho, MAX_SHARED), float(logs.mean()), float(logs.var()))
+                turn_logs = np.log(np.maximum(np.asarray(self.turns[f], dtype=float), 1.0))
+                self._levels[f] = (min(rho, MAX_SHARED), float(logs.mean()), float(logs.var()),
+                                   self.turns_output_corr.get(f, 0.0), float(turn_logs.mean()), float(turn_logs.std()))
 
-    def output_level(self, family: str, observed: list[int], rng) -> float:
-        """A trajectory's own log-offset of output length: its random effect given the `observed`
-        outputs of its finished turns (normal-normal posterior, shrunk toward the family as the
-        one-way random-effects model gives), drawn once per trajectory. 0 when turns are independent."""
+    def output_level(self, family: str, observed: list[int], rng, turns: int | None = None) -> float:
+        """A trajectory's own log-offset of output length, drawn once per trajectory: its random effect
+        given the `observed` outputs of its finished turns (normal-normal posterior, shrunk toward the
+        family as the one-way random-effects model gives) and, where the workload links them, given its
+        total `turns` (a trajectory with many turns is a hard task with long answers). 0 when turns are
+        independent."""
         if family not in self._levels:
             return 0.0
-        rho, mu, var = self._levels[family]
+        return self._level(family, observed, float(rng.standard_normal()), turns)
+
+    def _level(self, family: str, observed: list[int], z: float, turns: int | None) -> float:
+        rho, mu, var, corr, turns_mu, turns_sd = self._levels[family]
         shared, own = rho * var, (1 - rho) * var
+        prior_mean, prior_var = 0.0, shared
+        if corr and turns is not None and turns_sd > 0:
+            prior_mean = corr * math.sqrt(shared) * (math.log(max(turns, 1)) - turns_mu) / turns_sd
+            prior_var = shared * (1 - corr * corr)
         n = len(observed)
-        mean = n * shared / (n * shared + own) * (float(np.mean(np.log(np.maximum(observed, 1)))) - mu) if n else 0.0
-        return mean + math.sqrt(shared * own / (n * shared + own)) * float(rng.standard_normal())
+        mean = prior_mean * own / (n * prior_var + own) if prior_mean else 0.0
+        if n:
+            mean += n * prior_var / (n * prior_var + own) * (float(np.mean(np.log(np.maximum(observed, 1)))) - mu)
+        return mean + math.sqrt(prior_var * own / (n * prior_var + own)) * z
 
     def output(self, family: str, level: float, rng, above: float = 0.0) -> float:
         """One turn's output tokens at the trajectory's `level` (more than `above`, if given): a draw from
@@ -129,13 +144,19 @@ class FutureSampler:
         values = self.outputs[family]
         if family not in self._levels:
             return sample_excess(values, above, rng) if above else draw(values, rng)
-        rho, mu, _ = self._levels[family]
-        scale = math.sqrt(1 - rho)
+        rho, mu = self._levels[family][:2]
         if above:   # the same event in the family's scale: level-adjusted x > above
-            x = sample_excess(values, math.exp(mu + (math.log(max(above, 1.0)) - mu - level) / scale), rng)
+            x = sample_excess(values, math.exp(mu + (math.log(max(above, 1.0)) - mu - level) / math.sqrt(1 - rho)), rng)
         else:
             x = draw(values, rng)
-        return min(math.exp(mu + level + scale * (math.log(max(x, 1.0)) - mu)), float(values[-1]))
+        return self._at_level(family, x, level)
+
+    def _at_level(self, family: str, x: float, level: float) -> float:
+        """A draw `x` of the family's distribution moved to a trajectory's `level`."""
+        if family not in self._levels:
+            return x
+        rho, mu = self._levels[family][:2]
+        return min(math.exp(mu + level + math.sqrt(1 - rho) * (math.log(max(x, 1.0)) - mu)), float(self.outputs[family][-1]))
 
     def later_turns(self, family: str, context: int, count: int, rng, level: float = 0.0) -> list[FutureTurn]:
         """`count` turns after a tool call ends a turn whose context (prompt + output) is `context`."""
@@ -165,7 +186,8 @@ class FutureSampler:
         for s in tracker.live.values():
             f = s.family
             more = self.turns_left(f, s.turn, rng)
-            level = self.output_level(f, s.outputs, rng)
+            n_turns = s.turn + 1 + (max(more, 1) if s.phase == Phase.TOOL else more)
+            level = self.output_level(f, s.outputs, rng, n_turns)
             if s.phase == Phase.TOOL:
                 # a tool call follows every turn but the last: one more turn at least
                 elapsed = now - s.phase_since
@@ -196,10 +218,14 @@ class FutureSampler:
         for i in range(count):
             f = families[int(rng.choice(len(families), p=p))]
             cap = self.max_context[f]
-            level = self.output_level(f, [], rng)
+            # drawn in this order (the level's normal, prompt, first output, turns) so that plans on
+            # workloads without the turn-output link keep their random stream
+            z = float(rng.standard_normal()) if f in self._levels else 0.0
             prompt = min(max(int(draw(self.first_prompts[f], rng)), 1), cap - 1)
-            tokens = min(max(int(self.output(f, level, rng)), 1), cap - prompt)
+            x = draw(self.outputs[f], rng)
             more = self.turns_left(f, 0, rng)
+            level = self._level(f, [], z, 1 + more) if f in self._levels else 0.0
+            tokens = min(max(int(self._at_level(f, x, level)), 1), cap - prompt)
             later = self.later_turns(f, prompt + tokens, more, rng, level)
             first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[f], rng) if later else 0.0)
             out.append(FutureTrajectory(first_id + i, f, 0.0, [first] + later))

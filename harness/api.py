@@ -170,6 +170,9 @@ class FamilyPriors:
     # above): a hard task takes more turns and longer answers at once. It shapes the step's slowest
     # trajectory, which is the one with many turns and long answers. 0: the two are independent.
     turns_output_corr: float = 0.0
+    # The correlation of the log turn counts of the samples of one prompt (a GRPO group): a hard prompt
+    # is hard for all of them. 0: each sample draws its turn count afresh.
+    turns_group_corr: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class RunInfo:
     # per step, family -> share of its batch: the task mix the trainer's data loader declares (a
     # curriculum is configuration, known before the run), never the trajectories themselves
     step_weights: list[dict[str, float]] = field(default_factory=list)
+    group_size: int = 1                  # samples per prompt (a GRPO group): trajectories_per_step's factor
 
     @property
     def weights(self) -> dict[str, float]:

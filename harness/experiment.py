@@ -80,7 +80,8 @@ def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
         shares.append({f: n / len(batch) for f, n in Counter(s.family for s in batch).items()})
     return RunInfo(mode=mode.name, trajectories_per_step=per_step,
                    max_in_flight=mode.max_in_flight if mode.name == "async" else per_step,
-                   num_steps=mode.num_steps, priors=workload.priors(), step_weights=shares)
+                   num_steps=mode.num_steps, priors=workload.priors(), step_weights=shares,
+                   group_size=workload.group_size)
 
 
 def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):

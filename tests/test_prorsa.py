@@ -397,6 +397,57 @@ def test_sampled_level_follows_the_turn_count_where_the_workload_links_them():
     assert base.output_level("fam", [300], a, 40) == base.output_level("fam", [300], b, 2)
 
 
+def test_sampled_groups_share_their_prompt_level_and_turn_counts():
+    """A GRPO group of 8: one prompt; with turns_group_corr 1 every sample has the group's turn count,
+    with 0 the counts vary within a group; the output level is the group's: the log outputs of two
+    samples of one group correlate at the shared share (0.5) across groups, where samples of
+    different groups do not."""
+    from dataclasses import replace as dc_replace
+    from harness.prorsa.whatif import FutureSampler
+    values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
+    turns = np.sort(np.exp(np.random.default_rng(2).normal(np.log(6), 0.6, 4000)))
+    one = {"fam": np.array([1.0])}
+    base = FutureSampler(outputs={"fam": values}, tool_latency=one, tool_outputs=one, turns={"fam": turns},
+                         first_prompts={"fam": np.array([100.0, 200.0, 300.0])}, max_context={"fam": 10**9},
+                         output_shared={"fam": 0.5})
+    rng = np.random.default_rng(5)
+    same = dc_replace(base, turns_group_corr={"fam": 1.0}).new(["fam"], [1.0], 80, 0, rng, group_size=8)
+    assert len(same) == 80 and len({t.trajectory_id for t in same}) == 80
+    for g in range(10):
+        members = same[8 * g: 8 * g + 8]
+        assert len({m.turns[0].prompt_tokens for m in members}) == 1
+        assert len({len(m.turns) for m in members}) == 1
+    free = dc_replace(base, turns_group_corr={"fam": 0.0}).new(["fam"], [1.0], 80, 0, rng, group_size=8)
+    assert sum(len({len(m.turns) for m in free[8 * g: 8 * g + 8]}) > 1 for g in range(10)) >= 8
+    pairs = [base.group("fam", 2, 0, rng) for _ in range(3000)]
+    a, b = (np.log([p[i].turns[0].output_tokens for p in pairs]) for i in (0, 1))
+    assert np.corrcoef(a, b)[0, 1] == pytest.approx(0.5, abs=0.06)
+    assert abs(np.corrcoef(a[1:], b[:-1])[0, 1]) < 0.06
+
+
+def test_run_info_tells_the_group_size_and_workloads_their_turn_group_correlation():
+    """RunInfo carries the samples per prompt; the synthetic workload's difficulty is 0.3^2 / (0.3^2 +
+    0.5^2) of its log turn count's variance; the agent families' turn score has the group's rho."""
+    from hydra.utils import instantiate
+    from harness.experiment import run_info
+    from harness.rollout import ModeConfig
+    from workloads.synthetic import SyntheticWorkload
+    w = SyntheticWorkload(batch_size=4, group_size=8)
+    assert run_info(ModeConfig(name="sync", num_steps=1), w).group_size == 8
+    assert w.priors()["synthetic"].turns_group_corr == pytest.approx(0.09 / 0.34)
+    from workloads.base import Mode, mixture_group_corr
+    one = (Mode("a", 1.0, 10.0, 0.5),)
+    assert mixture_group_corr(one, 0.4, per_group=False) == pytest.approx(0.4)
+    # two modes (log medians 0 and 2, sigmas 1): variance 1 + 1 = 2; per sample they share 0.4 * 1^2,
+    # per group also the mode: 0.5 * (0 + 4) + 0.4 - 1 = 1.4
+    two = (Mode("a", 0.5, 1.0, 1.0), Mode("b", 0.5, float(np.exp(2.0)), 1.0))
+    assert mixture_group_corr(two, 0.4, per_group=False) == pytest.approx(0.2)
+    assert mixture_group_corr(two, 0.4, per_group=True) == pytest.approx(0.7)
+    swe = instantiate(load_config(["workload=swe"]).workload, seed=0)
+    assert swe.priors()["swe"].turns_group_corr == pytest.approx(
+        mixture_group_corr(swe.turns, swe.group_corr, per_group=False))
+
+
 def test_shared_output_share_is_learned_from_trajectories():
     """The prior's share until `min_observations` trajectories have two finished turns; then the
     estimate from them (ended and live): here each trajectory repeats its own length, a share of 1.

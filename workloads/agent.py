@@ -38,8 +38,8 @@ from omegaconf import OmegaConf
 
 from harness.api import FamilyPriors
 from harness.trajectory import TrajectoryScript, TurnScript
-from workloads.base import (LogNormal, Mode, from_config, group_id, mixture_draw, mixture_prior,
-                            mode_probabilities, modes_from_config, step_rng, trajectory_id)
+from workloads.base import (LogNormal, Mode, from_config, group_id, mixture_draw, mixture_group_corr,
+                            mixture_prior, mode_probabilities, modes_from_config, step_rng, trajectory_id)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class AgentWorkload:
             prompt_tokens=self.prompt.prior, output_tokens=self.output.prior,
             tool_output_tokens=self.tool_output.prior, tool_latency_s=mixture_prior(self.tool_latency),
             turns=mixture_prior(self.turns), max_turns=self.max_turns, context_cap=self.context_cap,
-            output_shared=self.group_corr)}   # every turn's output score has the group's sqrt(rho) z_g
+            output_shared=self.group_corr,   # every turn's output score has the group's sqrt(rho) z_g
+            turns_group_corr=mixture_group_corr(self.turns, self.group_corr, self.turn_modes_per == "group"))}
 
     def sample(self, step: int) -> list[tuple[TrajectoryScript, str]]:
         """The step's trajectories, each with the name of the turn mode it was drawn from."""

@@ -120,6 +120,23 @@ def modes_from_config(value, where: str) -> tuple[Mode, ...]:
     return modes
 
 
+def mixture_group_corr(modes: tuple[Mode, ...], rho: float, per_group: bool) -> float:
+    """The within-group correlation of the log of a value drawn from a mixture of lognormal modes with
+    the score sqrt(rho) z_group + sqrt(1 - rho) z_own (caps and rounding ignored): with the mode picked
+    per sample, two samples share only the score, rho (sum w sigma)^2; picked per group they also share
+    the mode, sum w (log median^2 + rho sigma^2) - (sum w log median)^2; over the mixture's variance."""
+    w = np.array([m.weight for m in modes], dtype=float)
+    w = w / w.sum()
+    mu = np.log([m.median for m in modes])
+    s = np.array([m.sigma for m in modes], dtype=float)
+    mean = float(w @ mu)
+    var = float(w @ (s ** 2 + mu ** 2)) - mean ** 2
+    if var <= 0:
+        return 0.0
+    cov = float(w @ (mu ** 2 + rho * s ** 2)) - mean ** 2 if per_group else rho * float(w @ s) ** 2
+    return cov / var
+
+
 def mixture_prior(modes: tuple[Mode, ...]) -> LogNormalPrior:
     """The modes' mixture as a prior: its components (with their caps) in `parts`, and one lognormal
     standing in for the whole (lognormal_mixture) for models that take a single one."""

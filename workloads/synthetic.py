@@ -8,7 +8,8 @@ The numbers are illustrative, not a published workload (the real families are in
 `priors()` are the step-0 marginals: the difficulty factor multiplies the turn count and the output
 length, so their log spread is sqrt(sigma^2 + group_sigma^2), and a trajectory's turns share the
 difficulty's part of the output length's log variance (`output_shared`), which is correlated with the
-log turn count by group_sigma / sqrt(group_sigma^2 + turns_sigma^2) (`turns_output_corr`).
+log turn count by group_sigma / sqrt(group_sigma^2 + turns_sigma^2) (`turns_output_corr`); the samples
+of one prompt share the difficulty's part of the log turn count's variance (`turns_group_corr`).
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ class SyntheticWorkload:
             max_turns=self.max_turns, context_cap=self.context_cap,
             output_shared=self.group_sigma ** 2 / (self.group_sigma ** 2 + self.output_sigma ** 2 or 1.0),
             # the level is the difficulty's log; the log turn count is the difficulty's plus its own
-            turns_output_corr=self.group_sigma / (math.hypot(self.group_sigma, self.turns_sigma) or 1.0))}
+            turns_output_corr=self.group_sigma / (math.hypot(self.group_sigma, self.turns_sigma) or 1.0),
+            turns_group_corr=self.group_sigma ** 2 / (self.group_sigma ** 2 + self.turns_sigma ** 2 or 1.0))}
 
     def batch(self, step: int) -> list[TrajectoryScript]:
         rng = step_rng(self.seed, step)

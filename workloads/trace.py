@@ -179,7 +179,9 @@ class TraceWorkload:
                 max_turns=max(len(s.turns) for s in scripts),
                 context_cap=max(sum(t.new_tokens + t.output_tokens for t in s.turns) for s in scripts),
                 output_shared=intraclass_correlation(logs(s) for s in scripts) or 0.0,
-                turns_output_corr=size_level_correlation(logs(s) for s in scripts) or 0.0)
+                turns_output_corr=size_level_correlation(logs(s) for s in scripts) or 0.0,
+                turns_group_corr=intraclass_correlation(
+                    [np.log(len(s.turns)) for s in group if s.family == family] for group in self.groups) or 0.0)
         return out
 
     def batch(self, step: int) -> list[TrajectoryScript]:

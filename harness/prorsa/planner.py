@@ -68,7 +68,8 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                          first_prompts=pick(tracker.first_prompts, "prompt_tokens"),
                          max_context={f: p.context_cap for f, p in run.priors.items()},
                          output_shared=shared,
-                         turns_output_corr={f: run.priors[f].turns_output_corr for f in shared})
+                         turns_output_corr={f: run.priors[f].turns_output_corr for f in shared},
+                         turns_group_corr={f: p.turns_group_corr for f, p in run.priors.items()})
 
 
 def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> dict[str, float]:

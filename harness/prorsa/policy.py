@@ -275,12 +275,15 @@ class Prorsa:
         # moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
         run = self.run
         count = run.trajectories_per_step if run.mode == "sync" else min(2 * run.max_in_flight, run.total_trajectories)
-        samples = [sampler.new(self.families, self.weights, count, 0, rng) for _ in range(self.initial_samples)]
+        # sync: a batch of GRPO groups (its end is the slowest trajectory, and a hard prompt's samples are
+        # slow together); async plans draw each trajectory and each turn afresh (they score a mean end)
+        group = run.group_size if run.mode == "sync" else 1
+        samples = [sampler.new(self.families, self.weights, count, 0, rng, group) for _ in range(self.initial_samples)]
         hedges = []
         if len(self.families) > 1:   # the mix may change: also weigh each family alone
             hedges = sampler.each_family_alone(self.families, count, 0, rng)
         split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
-                                             lambda: sampler.new(self.families, self.weights, count, 0, rng),
+                                             lambda: sampler.new(self.families, self.weights, count, 0, rng, group),
                                              self.initial_max_samples)
         self.plan_scores.append((0.0, scores))
         n = self.cluster.num_engines

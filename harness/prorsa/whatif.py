@@ -101,6 +101,7 @@ class FutureSampler:
     max_context: dict[str, int]         # per family: no turn's prompt + output grows past it
     output_shared: dict[str, float] = field(default_factory=dict)
     turns_output_corr: dict[str, float] = field(default_factory=dict)   # per family: log turns ~ level
+    turns_group_corr: dict[str, float] = field(default_factory=dict)    # per family: within a prompt's group
 
     def __post_init__(self):
         # per family with a shared level: (share, mean and variance of log output tokens, correlation of
@@ -211,10 +212,16 @@ class FutureSampler:
         return futures
 
     def new(self, families: list[str], weights: list[float], count: int, first_id: int,
-            rng: np.random.Generator) -> list[FutureTrajectory]:
-        """`count` trajectories not started yet, by the workload's family mix."""
+            rng: np.random.Generator, group_size: int = 1) -> list[FutureTrajectory]:
+        """`count` trajectories not started yet, by the workload's family mix; with `group_size` > 1, in
+        groups of that many samples of one prompt (`group`)."""
         p = np.asarray(weights, dtype=float) / sum(weights)
         out = []
+        if group_size > 1:
+            while len(out) < count:
+                f = families[int(rng.choice(len(families), p=p))]
+                out += self.group(f, min(group_size, count - len(out)), first_id + len(out), rng)
+            return out
         for i in range(count):
             f = families[int(rng.choice(len(families), p=p))]
             cap = self.max_context[f]
@@ -229,6 +236,36 @@ class FutureSampler:
             later = self.later_turns(f, prompt + tokens, more, rng, level)
             first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[f], rng) if later else 0.0)
             out.append(FutureTrajectory(first_id + i, f, 0.0, [first] + later))
+        return out
+
+    def group(self, family: str, size: int, first_id: int, rng: np.random.Generator) -> list[FutureTrajectory]:
+        """The samples of one prompt (a GRPO group): they share the prompt, the output level (the part of
+        the output spread a trajectory's turns share is, in the workloads here, the prompt's) and part
+        of their turn count (`turns_group_corr`, through a Gaussian copula on the turn distribution),
+        and the level goes with the group's turn score (`turns_output_corr` is the per-trajectory
+        correlation, sqrt(turns_group_corr) x the group's). Why: a hard prompt puts all its samples
+        into the step's tail at once. Measured on the synthetic workload with 16k-token tool outputs
+        and 500-token answers on 8 TP4 engines (SGLang semantics, the regime map's cell): drawn one by
+        one, the plan started in 5P3D (120.0 s, 0.92x of colocation); drawn in groups, colocated."""
+        cap = self.max_context[family]
+        prompt = min(max(int(draw(self.first_prompts[family], rng)), 1), cap - 1)
+        r = min(max(self.turns_group_corr.get(family, 0.0), 0.0), 1.0)
+        z_group = float(rng.standard_normal())
+        level = 0.0
+        if family in self._levels:
+            rho, _, var, corr = self._levels[family][:4]
+            c = min(max(corr / math.sqrt(r), -1.0), 1.0) if r > 0 else 0.0
+            level = math.sqrt(rho * var) * (c * z_group + math.sqrt(1 - c * c) * float(rng.standard_normal()))
+        turns = self.turns[family]
+        out = []
+        for i in range(size):
+            z = math.sqrt(r) * z_group + math.sqrt(1 - r) * float(rng.standard_normal())
+            u = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+            more = max(int(round(float(turns[min(int(u * len(turns)), len(turns) - 1)]))) - 1, 0)
+            tokens = min(max(int(self._at_level(family, draw(self.outputs[family], rng), level)), 1), cap - prompt)
+            later = self.later_turns(family, prompt + tokens, more, rng, level)
+            first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[family], rng) if later else 0.0)
+            out.append(FutureTrajectory(first_id + i, family, 0.0, [first] + later))
         return out
 
     def each_family_alone(self, families: list[str], count: int, first_id: int,

@@ -69,10 +69,15 @@ def test_role_switch_mid_run(pool):
     assert set(zip(after.engine_prefill, after.engine_decode)) == {(1, 0)}
     check_kv_loaded(ok, backend)
     print("switch overhead", backend.overhead())
-    # drain: while an engine switched, it got only legs of turns routed before the switch began
-    # (decode legs whose prefill was already running elsewhere, as in the simulator's drain)
+    # kv_both, no drain: while an engine switched (the router update) it got only legs of turns routed
+    # before the switch began (decode legs whose prefill was already running elsewhere), and the legs
+    # it was running went on past the switch (nothing waited for them), as in the simulator's kv_both
     starts = {e.engine_id: e.t for e in result.events if e.kind == EventKind.ROLE_SWITCH_START}
     ready = {(r.trajectory_id, r.turn): r.t_ready for r in df.itertuples()}
+    running_through = 0
     for e in ends:
         legs = ok[(ok.engine_id == e.engine_id) & (ok.t_submit > starts[e.engine_id]) & (ok.t_submit < e.t)]
         assert all(ready[(g.trajectory_id, g.turn)] < starts[e.engine_id] for g in legs.itertuples())
+        running = ok[(ok.engine_id == e.engine_id) & (ok.t_submit < starts[e.engine_id]) & (ok.t_done > starts[e.engine_id])]
+        running_through += int((running.t_done > e.t).sum())
+    assert running_through > 0   # a drain would have held each switch until its engine's legs were done

@@ -137,6 +137,11 @@ class HttpBackendBase:
     """The Backend contract over HTTP engines. Subclasses implement `_serve_turn`."""
 
     name = "http"
+    # A switch drains the engine first (SGLang's role switch: leave the router, finish, switch); a
+    # backend whose engines are all KV producers and consumers (vLLM kv_both) sets False: nothing
+    # drains, the engine finishes what it runs while it takes legs of its new role, as the simulator's
+    # kv_both does (harness/sim/backend.py).
+    drains_on_switch = True
 
     def __init__(self, urls: list[str], roles: list[Role], *, time_scale: float = 1.0, switch_wait_s: float = 0.0,
                  kv_capacity_tokens: int = 0, max_retries: int = 3, health_interval_s: float = 2.0):
@@ -220,7 +225,7 @@ class HttpBackendBase:
         self._check_switch(e, role)
         e.target_role = role
         e.available = False
-        self.timeline.enter(e.engine_id, self.now(), e.role, "draining")
+        self.timeline.enter(e.engine_id, self.now(), e.role, "draining" if self.drains_on_switch else "switching")
         self._emit(LifecycleEvent(K.ROLE_SWITCH_START, self.now(), engine_id=engine_id,
                                   detail=f"{e.role.value}->{role.value}"))
         self._pending += 1
@@ -536,16 +541,20 @@ class HttpBackendBase:
             e.drained.set()
 
     async def _switch(self, e: EngineRuntime) -> None:
-        """Drain (the engine takes no new legs; its running and inbound legs finish), switch, rejoin."""
-        await self._on_drain_start(e, e.target_role)
-        while not e.idle() and not e.failed:
-            e.drained = asyncio.Event()
-            await e.drained.wait()
-        e.drained = None
+        """Drain (the engine takes no new legs; its running and inbound legs finish), switch, rejoin;
+        without a drain (`drains_on_switch` False) the engine takes no new legs only while the switch
+        waits, and its running legs go on."""
+        if self.drains_on_switch:
+            await self._on_drain_start(e, e.target_role)
+            while not e.idle() and not e.failed:
+                e.drained = asyncio.Event()
+                await e.drained.wait()
+            e.drained = None
         if e.failed:                      # _recover gives it the target role after the restart
             return
         e.switching = True
-        self.timeline.enter(e.engine_id, self.now(), e.role, "switching")
+        if self.drains_on_switch:
+            self.timeline.enter(e.engine_id, self.now(), e.role, "switching")
         await self._apply_switch(e, e.target_role)
         if self.switch_wait_s:
             await asyncio.sleep(self.switch_wait_s)

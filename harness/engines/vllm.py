@@ -5,8 +5,9 @@ running-request cap: vllm_cluster_flags) and the backend config (model, dtype, c
 switch waits what the cluster's kv_both mechanism charges (cluster.router_update_s: vllm_switch_wait_s).
 
 Every engine is launched identically with a kv_both connector (ExampleConnector through a shared
-directory on CPU, NixlConnector on GPUs), so a role is only a routing decision: a switch is a drain
-plus a routing change, no restart (as SkyRL does; vLLM NixlConnector docs).
+directory on CPU, NixlConnector on GPUs), so a role is only a routing decision: a switch is a routing
+change, no drain and no restart (vLLM NixlConnector docs): the engine finishes its running legs while
+it takes legs of its new role, as the simulator's kv_both does.
 
 Per turn, on the route the policy chose:
 - colocated: one streamed /v1/completions request on the engine;
@@ -202,6 +203,7 @@ def _spec(cfg: dict, i: int, argv: list[str], env: dict, gpus_per_engine: int) -
 
 class VllmBackend(HttpBackendBase):
     name = "vllm"
+    drains_on_switch = False   # kv_both, the only mechanism it has (vllm_switch_wait_s)
 
     def __init__(self, pool: EnginePool, roles: list[Role], *, served_model_name: str = "model",
                  kv_connector: str = "ExampleConnector", owns_pool: bool = False, kv_shared_dir: str | None = None,

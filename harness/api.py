@@ -114,6 +114,9 @@ class EngineState:
     queued_kv_tokens: int = 0          # prompt tokens of legs assigned here but not yet admitted
     inbound_requests: int = 0          # decode legs routed here whose prefill is still running
     target_role: Role | None = None    # set while a role switch is in progress
+    # the role whose parallelism the engine was launched with: kv_both and drain switches keep it, a
+    # reshard reloads the engine with its new role's (None: the present role's)
+    launched_as: Role | None = None
 
 
 @dataclass

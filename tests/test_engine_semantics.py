@@ -199,3 +199,9 @@ def test_switch_mechanisms_price(mechanism, end):
     assert switched == [pytest.approx(end)] and ends == {0: pytest.approx(4.1)}
     assert backend.engines[0].role == Role.PREFILL
     assert backend.engines[0].par == cluster.parallelism[Role.PREFILL if mechanism == "reshard" else Role.DECODE]
+    # the view says which parallelism it runs with, and a backend built from the present roles and that
+    # (a what-if) gets the same engine
+    launched = backend.view().engines[0].launched_as
+    assert launched == (Role.PREFILL if mechanism == "reshard" else Role.DECODE)
+    again = UnitBackend(cluster, [Role.PREFILL, Role.DECODE], launched_as=[launched, Role.DECODE])
+    assert again.engines[0].par == backend.engines[0].par and again.engines[0].role == Role.PREFILL

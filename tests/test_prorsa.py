@@ -503,6 +503,40 @@ def test_whatif_switch_waits_for_the_turn_running_on_the_engine():
     assert ends[0] == pytest.approx(alone, rel=0.01) and alone > 10
 
 
+def test_whatif_keeps_a_queued_turn_where_the_router_sent_it(monkeypatch):
+    """A queued turn (no prefill yet) that the router sent to prefill engine 1 of a 2P1D cluster stays
+    there in the what-if, as it does on the engines (kv_both: an engine keeps its queue through a
+    switch), even while engine 1 switches to decode; a trajectory with no route is routed as new.
+    The live view gives a queued turn its route."""
+    from harness.api import Route
+    from harness.prorsa.whatif import ROUTED, FutureTrajectory, FutureTurn
+    from harness.sim.backend import SimBackend
+    from harness.prorsa.tracker import TrajectoryState
+    from harness.prorsa.whatif import FutureSampler
+    from harness.routing import PrefixTracker
+    one = {"f": np.array([10.0])}
+    sampler = FutureSampler(outputs=one, tool_latency=one, tool_outputs=one, turns={"f": np.array([1.0])},
+                            first_prompts=one, max_context={"f": 10**6})
+    t = LifecycleTracker()
+    t.live[0] = TrajectoryState(0, "f", 0.0, phase=Phase.QUEUED, context=3_000, appended=3_000)
+    t.live[1] = TrajectoryState(1, "f", 0.0, phase=Phase.QUEUED, context=3_000, appended=3_000)
+    live = sampler.live(1.0, t, PrefixTracker(), 0.01, np.random.default_rng(0), routes={0: Route(1, 2)})
+    assert {f.trajectory_id: f.route for f in live} == {0: Route(1, 2), 1: None}
+    assert Phase.TOOL not in ROUTED
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=3", "cluster.switch_mechanism=kv_both"])
+    sent: dict[int, Route] = {}
+    submit = SimBackend.submit
+    monkeypatch.setattr(SimBackend, "submit", lambda self, req, route: (sent.setdefault(req.trajectory_id, route),
+                                                                       submit(self, req, route))[1])
+    queued = FutureTrajectory(0, "f", 0.0, [FutureTurn(3_000, 0, 10, 0.0)], in_progress=True, route=Route(1, 2))
+    fresh = FutureTrajectory(1, "f", 0.0, [FutureTurn(3_000, 0, 10, 0.0)], in_progress=True)
+    now = [Role.PREFILL, Role.PREFILL, Role.DECODE]
+    ends = WhatIf(cluster, 5, 4.0).run([queued, fresh], now, [Role.PREFILL, Role.DECODE, Role.DECODE]).ends
+    assert len(ends) == 2
+    assert sent[0] == Route(1, 2)               # kept on the engine that is switching away
+    assert sent[1].prefill_engine == 0          # routed under the new roles
+
+
 @pytest.mark.parametrize("running, learned", [(50, False), (20, True)])
 def test_learned_distribution_waits_until_most_observations_have_ended(running, learned):
     """40 outputs of 50 tokens ended (above min_observations=30). While more turns are still decoding

@@ -24,7 +24,7 @@ def full_view(b: SimBackend) -> ClusterView:
             running_requests=sum(len(r.running) for r in rs), decoding_requests=sum(r.decode_n for r in rs),
             kv_used_tokens=sum(r.kv_used for r in rs), kv_capacity_tokens=e.kv_capacity_tokens,
             target_role=e.target_role, queued_kv_tokens=sum(r.waiting_kv for r in rs) + b._inbound_tokens[e.id],
-            inbound_requests=b._inbound[e.id]))
+            inbound_requests=b._inbound[e.id], launched_as=e.launched_as))
     return ClusterView(now=b.loop.now, engines=states)
 
 

@@ -158,6 +158,9 @@ class HttpBackendBase:
         self.loop = asyncio.new_event_loop()
         self.engines = [EngineRuntime(i, u, r, kv_capacity_tokens=kv_capacity_tokens)
                         for i, (u, r) in enumerate(zip(urls, roles))]
+        # engine -> the role its server's flags (parallelism) are for: a relaunch for another role
+        # changes it (SGLang's reshard), a switch in place or a restart does not
+        self.launched: dict[int, Role] = dict(enumerate(roles))
         self.timeline = RoleTimeline(roles, self._busy)
         self._on_event: Callable[[LifecycleEvent], None] = lambda e: None
         self._on_returned: Callable[[TurnRequest], None] = lambda r: None
@@ -244,7 +247,7 @@ class HttpBackendBase:
                 kv_used_tokens=sum(g.prompt_tokens + g.generated for g in decoding),
                 kv_capacity_tokens=e.kv_capacity_tokens,
                 queued_kv_tokens=sum(g.prompt_tokens for g in waiting) + e.inbound_tokens,
-                inbound_requests=e.inbound, target_role=e.target_role))
+                inbound_requests=e.inbound, target_role=e.target_role, launched_as=self.launched[e.engine_id]))
         return ClusterView(now=self.now(), engines=states)
 
     def run(self) -> None:

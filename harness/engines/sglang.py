@@ -153,7 +153,6 @@ class SGLangBackend(HttpBackendBase):
         self.pool = pool
         self._argv_for = argv_for          # (engine_id, role) -> argv, to relaunch with another role
         self._relaunch = relaunch          # (old, new) -> True: the switch relaunches (reshard), no /pd_role_switch
-        self._launched = dict(enumerate(roles))   # engine -> the role its server's flags are for
         self.vocab = vocab
         self._rng = random.Random(seed)
         self._context: dict[int, list[int]] = {}
@@ -234,7 +233,7 @@ class SGLangBackend(HttpBackendBase):
         if self._relaunch is not None and self._relaunch(e.role, role):
             # reshard: the new role runs another parallelism (or cannot switch in place): relaunch, unless a
             # restart after a failure already launched it for the new role
-            if self._launched[e.engine_id] != role:
+            if self.launched[e.engine_id] != role:
                 e.url = await self._relaunch_as(e.engine_id, role)
             e.role = role
             await self._register(e)
@@ -267,7 +266,7 @@ class SGLangBackend(HttpBackendBase):
     async def _relaunch_as(self, engine_id: int, role: Role) -> str:
         """Restart the server with the flags of `role` (its parallelism and disaggregation mode)."""
         url = await self.pool.restart(engine_id, self._argv_for(engine_id, role))
-        self._launched[engine_id] = role
+        self.launched[engine_id] = role
         return url
 
     async def _kill_server(self, engine_id: int) -> None:

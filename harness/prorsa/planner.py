@@ -150,6 +150,7 @@ class Planner:
         candidate's worst end or worst regret over the mixes instead still let 4P4D -> 2P6D through
         (1,016 s). Candidates that beat staying are tried in score order."""
         now_roles = [e.role for e in view.engines]
+        launched = [e.launched_as or e.role for e in view.engines]
         left = decode_left(futures)
         outcomes: dict[int, Outcome] = {}
         roles_of: dict[int, dict[int, Role]] = {}
@@ -159,7 +160,8 @@ class Planner:
             roles_of[split] = roles
             bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
-                                              new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end))
+                                              new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
+                                              launched_as=launched)
         scores = {k: self.score(o, to_end) for k, o in outcomes.items()}
         self._last = scores
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}
@@ -176,7 +178,8 @@ class Planner:
             if (split, i) not in hedged:
                 roles = [roles_of[split][e.engine_id] for e in view.engines]
                 hedged[split, i] = self.score(self.whatif.run(futures, now_roles, roles, hedges[i], max_in_flight,
-                                                              on_mean_end=self.on_mean_end(to_end)), to_end)
+                                                              on_mean_end=self.on_mean_end(to_end),
+                                                              launched_as=launched), to_end)
             return hedged[split, i]
 
         def robust(k: int) -> bool:

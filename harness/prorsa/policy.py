@@ -34,7 +34,7 @@ from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for
 from harness.prorsa.tracker import LifecycleTracker, Phase
-from harness.prorsa.whatif import ON_ENGINE, FutureSampler, FutureTrajectory, FutureTurn, WhatIf
+from harness.prorsa.whatif import ROUTED, FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import Balance, PrefixTracker, route_by_role
 from harness.sim.backend import nested_runs
 
@@ -154,7 +154,8 @@ class Prorsa:
             futures, new, hedges = self._present(view.now), [], []
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
             outcome = self.planner.whatif.run(futures, [e.role for e in view.engines],
-                                              [e.role for e in view.engines], new, self.run.max_in_flight)
+                                              [e.role for e in view.engines], new, self.run.max_in_flight,
+                                              launched_as=[e.launched_as or e.role for e in view.engines])
             self._record(view.now, outcome)
             return None
         d = self.planner.decide(view, current, futures, new, self.run.max_in_flight, hedges, to_end=self._to_end())
@@ -305,7 +306,7 @@ class Prorsa:
                                             [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)],
                                             self.prefix.decode_engine.get(s.trajectory_id),
                                             self.prefix.prefill_engine.get(s.trajectory_id), in_progress=True,
-                                            route=self.routes.get(s.trajectory_id) if s.phase in ON_ENGINE else None))
+                                            route=self.routes.get(s.trajectory_id) if s.phase in ROUTED else None))
         return futures
 
     def _tpot(self) -> float:

@@ -78,7 +78,13 @@ def draw(values: np.ndarray, rng: np.random.Generator) -> float:
     return float(values[rng.integers(len(values))])
 
 
-ON_ENGINE = (Phase.PREFILLING, Phase.TRANSFERRING, Phase.DECODING)   # a queued turn may still be re-routed
+# A turn the router has sent stays on the engines it was sent to, queued or running, as on the engines
+# (an engine keeps its queue through a kv_both switch; a drain hands the queued legs back, and the
+# what-if routes them again). Re-routing the queued turns at each plan, measured on
+# shift_reason_browse_kvboth seed 1 at 620 s (119 queued; the true futures of every trajectory, the
+# run's rest): 4P4D 189.1 s and 3P5D 190.3 s predicted, kept 191.4 s and 187.0 s, forked 203.5 s and
+# 177.3 s.
+ROUTED = (Phase.QUEUED, Phase.PREFILLING, Phase.TRANSFERRING, Phase.DECODING)
 MAX_SHARED = 0.95   # keeps some turn-to-turn spread when the data say a trajectory's turns are alike
 
 
@@ -208,7 +214,7 @@ class FutureSampler:
             tid = s.trajectory_id
             futures.append(FutureTrajectory(tid, f, ready, turns, prefix.decode_engine.get(tid),
                                             prefix.prefill_engine.get(tid), in_progress=s.phase != Phase.TOOL,
-                                            route=routes.get(tid) if s.phase in ON_ENGINE else None))
+                                            route=routes.get(tid) if s.phase in ROUTED else None))
         return futures
 
     def new(self, families: list[str], weights: list[float], count: int, first_id: int,
@@ -410,11 +416,18 @@ class WhatIf:
 
     def run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
             new: list[FutureTrajectory] = (), max_in_flight: int = 0, bound: float = math.inf,
-            on_mean_end: bool = False) -> Outcome:
+            on_mean_end: bool = False, launched_as: list[Role] | None = None) -> Outcome:
         """The what-if under `roles` (reached from `roles_now`). With a `bound`, the run stops as soon
         as its score (the last end; the mean end if `on_mean_end`) is sure to exceed it, and scores inf:
-        a candidate that cannot win is not run to its end (branch and bound; the result is exact)."""
-        backend = SimBackend(self.cluster, list(roles_now))
+        a candidate that cannot win is not run to its end (branch and bound; the result is exact).
+        `launched_as`: per engine, the role whose parallelism it runs with (EngineState.launched_as):
+        under kv_both a switched engine keeps the parallelism it was launched with (a DP4+EP4 decode
+        engine turned prefill engine stays DP4). Measured on shift_reason_browse_kvboth seed 1 at 620 s
+        (two prefill engines launched as decode engines, two decode engines as prefill engines), the
+        run's rest on the true futures of every trajectory: with each engine at its present role's
+        parallelism the what-if put 3P5D at 234.2 s and 4P4D at 230.3 s, and Prorsa moved to 3P5D; with
+        the launch parallelism 289.0 s and 229.1 s; the forked runs took 283.7 s and 230.9 s."""
+        backend = SimBackend(self.cluster, list(roles_now), launched_as=launched_as)
         self._warm_caches(backend, futures)
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
                    max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=self.balance,

@@ -56,7 +56,7 @@ if hasattr(LifecycleEvent, "__slots__") or hasattr(LifecycleEvent, "__post_init_
 _STATE_BY_POSITION = tuple(f.name for f in fields(EngineState)) == (
     "engine_id", "role", "available", "gpus", "waiting_requests", "waiting_prefill_tokens", "running_requests",
     "decoding_requests", "kv_used_tokens", "kv_capacity_tokens", "queued_kv_tokens", "inbound_requests",
-    "target_role")
+    "target_role", "launched_as")
 
 
 @contextmanager
@@ -77,7 +77,10 @@ def nested_runs() -> Iterator[None]:
 
 
 class SimBackend:
-    def __init__(self, cluster: ClusterConfig, roles: list[Role], fast_forward: bool = True):
+    def __init__(self, cluster: ClusterConfig, roles: list[Role], fast_forward: bool = True,
+                 launched_as: list[Role] | None = None):
+        """`launched_as`: per engine, the role whose parallelism it runs with, when that is not its
+        present role's (a run continued from a state where kv_both switches kept the launch parallelism)."""
         if len(roles) != cluster.num_engines:
             raise ValueError(f"policy gave {len(roles)} roles for cluster.num_engines={cluster.num_engines}")
         self.cluster = cluster
@@ -98,7 +101,9 @@ class SimBackend:
                            fast_forward=fast_forward, prefill_first=sglang,
                            mixed_chunk=sglang and cluster.enable_mixed_chunk,
                            cuda_graph_max_bs=cluster.cuda_graph_max_bs)
-        self.engines = [SimEngine(i, role, cluster.parallelism[role], self, cfg) for i, role in enumerate(roles)]
+        launched = launched_as or roles
+        self.engines = [SimEngine(i, role, cluster.parallelism[launched[i]], self, cfg, launched_as=launched[i])
+                        for i, role in enumerate(roles)]
         self._nic_free = [0.0] * len(self.engines)
         self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
         self._inbound_tokens = [0] * len(self.engines)
@@ -180,13 +185,13 @@ class SimBackend:
         if _STATE_BY_POSITION:
             return EngineState(e.id, e.role, e.available, self._gpus, waiting, pending, running, decoding, used,
                                e.kv_capacity_tokens, queued + self._inbound_tokens[e.id], self._inbound[e.id],
-                               e.target_role)
+                               e.target_role, e.launched_as)
         return EngineState(
             engine_id=e.id, role=e.role, available=e.available, gpus=self._gpus,
             waiting_requests=waiting, waiting_prefill_tokens=pending, running_requests=running,
             decoding_requests=decoding, kv_used_tokens=used, kv_capacity_tokens=e.kv_capacity_tokens,
             target_role=e.target_role, queued_kv_tokens=queued + self._inbound_tokens[e.id],
-            inbound_requests=self._inbound[e.id])
+            inbound_requests=self._inbound[e.id], launched_as=e.launched_as)
 
     def _refresh(self) -> None:
         states, roles = self._states, self._roles

@@ -178,7 +178,8 @@ class EngineConfig:
 
 
 class SimEngine:
-    def __init__(self, engine_id: int, role: Role, par: Parallelism, backend: EngineHost, cfg: EngineConfig):
+    def __init__(self, engine_id: int, role: Role, par: Parallelism, backend: EngineHost, cfg: EngineConfig,
+                 launched_as: Role | None = None):
         self.id = engine_id
         self.backend = backend
         self.cfg = cfg
@@ -195,12 +196,12 @@ class SimEngine:
         self._pending_wake = False
         self.busy_s = 0.0
         self.stale = False           # backend.view() must re-read this engine
-        self.configure(role, par)
+        self.configure(launched_as or role, par)
 
     # --- configuration ------------------------------------------------------------------------
     def configure(self, role: Role, par: Parallelism) -> None:
         """(Re)load the engine with parallelism `par` (launched for `role`): an empty KV cache."""
-        self.par = par
+        self.par, self.launched_as = par, role
         self.cost = self.backend.cost_model(par)
         # numpy-free decode times where the cost model has them (the same bits; see roofline.py)
         self._decode_step_time = getattr(self.cost, "decode_step_time", None)

@@ -119,12 +119,16 @@ def load_run(path: Path) -> Run:
 
 
 def find_runs(dirs: list[Path]) -> list[Run]:
+    """Every run directory under `dirs` (one holding summary.json, error.json or .hydra), following
+    symbolic links, so a report can gather runs of several sweeps linked into one directory."""
     paths = set()
     for d in dirs:
-        for marker in ("summary.json", "error.json", ".hydra"):
-            for p in d.rglob(marker):
-                if "wandb" not in p.parent.relative_to(d).parts:
-                    paths.add(p.parent)
+        for root, subdirs, files in os.walk(d, followlinks=True):
+            here = Path(root)
+            if "wandb" in here.relative_to(d).parts:
+                continue
+            if {"summary.json", "error.json"} & set(files) or ".hydra" in subdirs:
+                paths.add(here)
     return [load_run(p) for p in sorted(paths)]
 
 
@@ -593,6 +597,8 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         parser.error(f"not a directory: {', '.join(map(str, missing))}")
     out = args.out or args.dirs[0]
+    if not find_runs(args.dirs):
+        parser.error(f"no runs (summary.json, error.json or .hydra) under {', '.join(map(str, args.dirs))}")
     runs, figures = report(args.dirs, out)
     failed = [r for r in runs if not r.complete]
     print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed or partial; wrote {out}/speedup.csv, "

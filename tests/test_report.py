@@ -280,3 +280,20 @@ def test_printed_summary_names_prorsas_decisions(caplog):
     with caplog.at_level("INFO", logger="harness.report"):
         print_summary(summary)
     assert "prorsa_decisions" in caplog.text and "0 s: 4P, 30 s: colocated" in caplog.text
+
+
+def test_runs_linked_into_one_directory_are_found_and_an_empty_one_is_named(sweep, tmp_path, capsys):
+    """A report over runs of several sweeps linked into one directory finds each linked run; a directory
+    with no run stops with a one-line error naming it (exit 2, no traceback)."""
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    runs = find_runs([sweep])
+    for i, run in enumerate(runs):
+        (linked / f"run{i}").symlink_to(run.path.resolve(), target_is_directory=True)
+    assert len(find_runs([linked])) == len(runs) > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit) as stop:
+        main([str(empty)])
+    assert stop.value.code == 2
+    assert f"no runs (summary.json, error.json or .hydra) under {empty}" in capsys.readouterr().err

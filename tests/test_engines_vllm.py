@@ -63,21 +63,17 @@ def test_role_switch_mid_run(pool):
     assert sorted(e.engine_id for e in ends) == [0, 1] and result.num_role_switches == 2
     t_switched = max(e.t for e in ends)
     before = df[df.t_ready < min(e.t for e in result.events if e.kind == EventKind.ROLE_SWITCH_START)]
-    after = df[df.t_prefill_start > t_switched]
+    after = df[df.t_ready > t_switched]   # routed under the new roles (kv_both: what an engine had queued stays)
     assert len(before) and len(after)
     assert set(zip(before.engine_prefill, before.engine_decode)) == {(0, 1)}
     assert set(zip(after.engine_prefill, after.engine_decode)) == {(1, 0)}
     check_kv_loaded(ok, backend)
     print("switch overhead", backend.overhead())
-    # kv_both, no drain: while an engine switched (the router update) it got only legs of turns routed
-    # before the switch began (decode legs whose prefill was already running elsewhere), and the legs
-    # it was running went on past the switch (nothing waited for them), as in the simulator's kv_both
+    # kv_both: while an engine switched (the router update) it got only legs of turns routed before the
+    # switch began (decode legs whose prefill was already running elsewhere); that nothing drains is
+    # tested without servers (tests/test_server_flags.py), where a leg can be held in flight
     starts = {e.engine_id: e.t for e in result.events if e.kind == EventKind.ROLE_SWITCH_START}
     ready = {(r.trajectory_id, r.turn): r.t_ready for r in df.itertuples()}
-    running_through = 0
     for e in ends:
         legs = ok[(ok.engine_id == e.engine_id) & (ok.t_submit > starts[e.engine_id]) & (ok.t_submit < e.t)]
         assert all(ready[(g.trajectory_id, g.turn)] < starts[e.engine_id] for g in legs.itertuples())
-        running = ok[(ok.engine_id == e.engine_id) & (ok.t_submit < starts[e.engine_id]) & (ok.t_done > starts[e.engine_id])]
-        running_through += int((running.t_done > e.t).sum())
-    assert running_through > 0   # a drain would have held each switch until its engine's legs were done

@@ -537,6 +537,38 @@ def test_whatif_keeps_a_queued_turn_where_the_router_sent_it(monkeypatch):
     assert sent[1].prefill_engine == 0          # routed under the new roles
 
 
+def test_whatif_continues_a_decode_under_way_on_its_decode_engine(monkeypatch):
+    """A disaggregated turn that is decoding (prefill done) goes straight to its decode engine in the
+    what-if: no prefill leg runs again on the prefill engine (whose cache may no longer hold the
+    context); a turn still queued for its prefill runs its prefill leg. The live view marks which."""
+    from harness.api import Route
+    from harness.prorsa.tracker import TrajectoryState
+    from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn
+    from harness.routing import PrefixTracker
+    from harness.sim.backend import SimBackend
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=kv_both"])
+    legs: list[tuple[int, str]] = []
+    submit, submit_decode = SimBackend.submit, SimBackend.submit_decode
+    monkeypatch.setattr(SimBackend, "submit", lambda self, req, route: (legs.append((req.trajectory_id, "prefill")),
+                                                                       submit(self, req, route))[1])
+    monkeypatch.setattr(SimBackend, "submit_decode", lambda self, req, route: (
+        legs.append((req.trajectory_id, "decode")), submit_decode(self, req, route))[1])
+    decoding = FutureTrajectory(0, "f", 0.0, [FutureTurn(20_000, 19_999, 50, 0.0)], decode_engine=1, prefill_engine=0,
+                                in_progress=True, route=Route(0, 1), prefilled=True)
+    queued = FutureTrajectory(1, "f", 0.0, [FutureTurn(2_000, 0, 50, 0.0)], in_progress=True, route=Route(0, 1))
+    roles = [Role.PREFILL, Role.DECODE]
+    ends = WhatIf(cluster, 5, 4.0).run([decoding, queued], roles, roles).ends
+    assert len(ends) == 2 and sorted(legs) == [(0, "decode"), (1, "prefill")]
+    one = {"f": np.array([10.0])}
+    sampler = FutureSampler(outputs=one, tool_latency=one, tool_outputs=one, turns={"f": np.array([1.0])},
+                            first_prompts=one, max_context={"f": 10**6})
+    t = LifecycleTracker()
+    t.live[0] = TrajectoryState(0, "f", 0.0, phase=Phase.DECODING, context=20_000, appended=100, engine=1)
+    t.live[1] = TrajectoryState(1, "f", 0.0, phase=Phase.QUEUED, context=2_000, appended=2_000)
+    live = sampler.live(1.0, t, PrefixTracker(), 0.01, np.random.default_rng(0), routes={0: Route(0, 1), 1: Route(0, 1)})
+    assert {f.trajectory_id: f.prefilled for f in live} == {0: True, 1: False}
+
+
 @pytest.mark.parametrize("running, learned", [(50, False), (20, True)])
 def test_learned_distribution_waits_until_most_observations_have_ended(running, learned):
     """40 outputs of 50 tokens ended (above min_observations=30). While more turns are still decoding

@@ -244,3 +244,32 @@ def test_sglang_reshard_switch_relaunches_with_the_new_roles_flags():
     assert restarts == [(0, argv_for(0, Role.DECODE))]
     assert value(restarts[0][1], "--dp-size") == "4" and value(restarts[0][1], "--disaggregation-mode") == "decode"
     assert backend.engines[0].role == Role.DECODE and backend.engines[0].url == "http://127.0.0.1:9100"
+
+
+@pytest.mark.parametrize("drains", [False, True])
+def test_http_switch_drains_only_when_the_backend_says_so(drains):
+    """An engine with a leg in flight is asked to switch: the vLLM backend (kv_both, drains_on_switch
+    False) switches at once and the leg stays in flight; a draining backend (SGLang) waits for it."""
+    import asyncio
+    from harness.engines.base import HttpBackendBase
+
+    class Backend(HttpBackendBase):
+        drains_on_switch = drains
+
+    backend = Backend(["http://127.0.0.1:9"], [Role.PREFILL])
+    e = backend.engines[0]
+    e.legs.add("a leg in flight")
+    e.target_role, e.available = Role.DECODE, False
+
+    async def switch() -> bool:
+        try:
+            await asyncio.wait_for(backend._switch(e), timeout=0.5)
+            return True
+        except asyncio.TimeoutError:
+            return False
+    done = backend.loop.run_until_complete(switch())
+    assert done is not drains
+    if not drains:
+        assert e.role == Role.DECODE and e.available and e.legs == {"a leg in flight"}
+    assert VllmBackend.drains_on_switch is False
+    backend.loop.close()

@@ -246,6 +246,11 @@ class SimBackend:
         r = s.request
         self._on_event(_event(kind, self.loop.now, r.trajectory_id, r.turn, engine_id, tokens, extra_tokens))
 
+    def submit_decode(self, request: TurnRequest, route: Route) -> None:
+        """A disaggregated turn whose prefill is already done (a run continued from a state where it was
+        under way): its decode leg queues on the decode engine, which pulls what it lacks of the KV."""
+        self.engines[route.decode_engine].enqueue(SimRequest(request, route, DECODE, target=request.prompt_tokens))
+
     def prefill_handoff(self, s: SimRequest) -> None:
         """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV)."""
         d = s.route.decode_engine

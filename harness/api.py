@@ -131,6 +131,10 @@ class ClusterView:
         """Some engine is changing roles."""
         return any(e.target_role is not None for e in self.engines)
 
+    def launched_roles(self) -> list[Role]:
+        """Per engine, the role whose parallelism it runs with (its present role when not reported)."""
+        return [e.launched_as or e.role for e in self.engines]
+
 
 @dataclass(frozen=True)
 class LogNormalPrior:

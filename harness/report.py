@@ -579,11 +579,11 @@ def log_to_wandb(out: Path, figures: list[Path], project: str) -> bool:
         return False
 
 
-def report(dirs: list[Path], out: Path) -> tuple[list[Run], list[Path]]:
-    runs = find_runs(dirs)
+def report(runs: list[Run], out: Path) -> list[Path]:
+    """The tables and figures of `runs` in `out`; the figure files written."""
     out.mkdir(parents=True, exist_ok=True)
     df = write_tables(runs, out)
-    return runs, Figures(df, out / "figures").all()
+    return Figures(df, out / "figures").all()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -597,9 +597,10 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         parser.error(f"not a directory: {', '.join(map(str, missing))}")
     out = args.out or args.dirs[0]
-    if not find_runs(args.dirs):
+    runs = find_runs(args.dirs)
+    if not runs:
         parser.error(f"no runs (summary.json, error.json or .hydra) under {', '.join(map(str, args.dirs))}")
-    runs, figures = report(args.dirs, out)
+    figures = report(runs, out)
     failed = [r for r in runs if not r.complete]
     print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed or partial; wrote {out}/speedup.csv, "
           f".md, .tex and {len(figures)} figure files in {out}/figures")

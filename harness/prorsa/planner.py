@@ -150,7 +150,7 @@ class Planner:
         candidate's worst end or worst regret over the mixes instead still let 4P4D -> 2P6D through
         (1,016 s). Candidates that beat staying are tried in score order."""
         now_roles = [e.role for e in view.engines]
-        launched = [e.launched_as or e.role for e in view.engines]
+        launched = view.launched_roles()
         left = decode_left(futures)
         outcomes: dict[int, Outcome] = {}
         roles_of: dict[int, dict[int, Role]] = {}

@@ -155,7 +155,7 @@ class Prorsa:
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
             outcome = self.planner.whatif.run(futures, [e.role for e in view.engines],
                                               [e.role for e in view.engines], new, self.run.max_in_flight,
-                                              launched_as=[e.launched_as or e.role for e in view.engines])
+                                              launched_as=view.launched_roles())
             self._record(view.now, outcome)
             return None
         d = self.planner.decide(view, current, futures, new, self.run.max_in_flight, hedges, to_end=self._to_end())

@@ -241,11 +241,17 @@ class FutureSampler:
             x = draw(self.outputs[f], rng)
             more = self.turns_left(f, 0, rng)
             level = self._level(f, [], z, 1 + more) if f in self._levels else 0.0
-            tokens = min(max(int(self._at_level(f, x, level)), 1), cap - prompt)
-            later = self.later_turns(f, prompt + tokens, more, rng, level)
-            first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[f], rng) if later else 0.0)
-            out.append(FutureTrajectory(first_id + i, f, 0.0, [first] + later))
+            out.append(self._starting(f, first_id + i, prompt, x, more, level, rng))
         return out
+
+    def _starting(self, family: str, trajectory_id: int, prompt: int, x: float, more: int, level: float,
+                  rng: np.random.Generator) -> FutureTrajectory:
+        """A trajectory not started yet: its first turn (output draw `x` moved to its `level`) and `more`
+        turns after it."""
+        tokens = min(max(int(self._at_level(family, x, level)), 1), self.max_context[family] - prompt)
+        later = self.later_turns(family, prompt + tokens, more, rng, level)
+        first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[family], rng) if later else 0.0)
+        return FutureTrajectory(trajectory_id, family, 0.0, [first] + later)
 
     def group(self, family: str, size: int, first_id: int, rng: np.random.Generator) -> list[FutureTrajectory]:
         """The samples of one prompt (a GRPO group): they share the prompt, the output level (the part of
@@ -271,10 +277,7 @@ class FutureSampler:
             z = math.sqrt(r) * z_group + math.sqrt(1 - r) * float(rng.standard_normal())
             u = 0.5 * (1 + math.erf(z / math.sqrt(2)))
             more = max(int(round(float(turns[min(int(u * len(turns)), len(turns) - 1)]))) - 1, 0)
-            tokens = min(max(int(self._at_level(family, draw(self.outputs[family], rng), level)), 1), cap - prompt)
-            later = self.later_turns(family, prompt + tokens, more, rng, level)
-            first = FutureTurn(prompt, 0, tokens, draw(self.tool_latency[family], rng) if later else 0.0)
-            out.append(FutureTrajectory(first_id + i, family, 0.0, [first] + later))
+            out.append(self._starting(family, first_id + i, prompt, draw(self.outputs[family], rng), more, level, rng))
         return out
 
     def each_family_alone(self, families: list[str], count: int, first_id: int,

@@ -38,6 +38,7 @@ import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model
+from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch
 from harness.prorsa.switcher import COLOCATED, current_split, target_roles
 from harness.routing import Balance, PrefixTracker, route_by_role
@@ -114,7 +115,7 @@ def choose(model: MakespanModel, current: int | None, hysteresis: float) -> Deci
 def prefill_s_per_token(cluster: ClusterConfig, role: Role, context: float) -> float:
     """One engine's seconds per prefill token: a full chunk on every rank after `context` tokens."""
     m, c = cost_model(cluster, role), cluster.prefill_budget
-    chunk = RankBatch(prefill_tokens=c, prefill_attn_ctx=c * (context + (c - 1) / 2),
+    chunk = RankBatch(prefill_tokens=c, prefill_attn_ctx=prefill_attn_ctx(c, context),
                       prefill_kv_read=int(context) + c, requests=1)
     return m.step_time([chunk] * m.par.dp) / (c * m.par.dp)
 

@@ -16,19 +16,19 @@ import math
 
 import numpy as np
 
-from harness.cluster import ClusterConfig
-from harness.perf.roofline import RankBatch, RooflineCostModel
+from harness.cluster import ClusterConfig, parallel_cost_model
+from harness.perf.cost_model import prefill_attn_ctx
+from harness.perf.roofline import RankBatch
 from harness.trajectory import TrajectoryScript
 
 
 class LowerBound:
     def __init__(self, cluster: ClusterConfig):
         self.cluster = cluster
-        self.models = [RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, p)
-                       for p in set(cluster.parallelism.values())]
+        self.models = [parallel_cost_model(cluster, p) for p in set(cluster.parallelism.values())]
         budget = cluster.max_num_batched_tokens
         self.prefill_rate = max(budget / m.step_time([RankBatch(prefill_tokens=budget, requests=1,
-                                                               prefill_attn_ctx=budget * (budget - 1) / 2,
+                                                               prefill_attn_ctx=prefill_attn_ctx(budget, 0),
                                                                prefill_kv_read=budget)]
                                                     + [RankBatch()] * (m.par.dp - 1))
                                 for m in self.models)
@@ -39,7 +39,7 @@ class LowerBound:
             for m in self.models)
 
     def prefill_alone(self, new: int, cached: int) -> float:
-        return min(m.step_time([RankBatch(prefill_tokens=new, prefill_attn_ctx=new * (cached + (new - 1) / 2),
+        return min(m.step_time([RankBatch(prefill_tokens=new, prefill_attn_ctx=prefill_attn_ctx(new, cached),
                                           prefill_kv_read=cached + new, requests=1)]
                                + [RankBatch()] * (m.par.dp - 1)) for m in self.models)
 

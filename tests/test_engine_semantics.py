@@ -47,6 +47,19 @@ class UnitCost:
     def decode_step_times(self, seqs, ctx, steps: int, graph: bool = True) -> np.ndarray:
         return np.full(steps, (1.0 if seqs.max() > 0 else 0.0) + (0.0 if graph else 0.5))
 
+    # the list forms of the CostModel interface (harness/perf/cost_model.py), from the two above
+    def mixed_step_time(self, seqs, ctx, prefill, graph: bool = True) -> float:
+        batches = [RankBatch(decode_seqs=n, decode_ctx=c, requests=n) for n, c in zip(seqs, ctx)]
+        for rank, tokens, _, _, _ in prefill:
+            batches[rank].prefill_tokens = tokens
+        return self.step_time(batches, graph)
+
+    def decode_step_time(self, seqs, ctx, graph: bool = True) -> float:
+        return float(self.decode_step_times(np.array(seqs), np.array(ctx), 1, graph)[0])
+
+    def decode_span_ends(self, seqs, ctx, steps: int, graph: bool, start: float) -> list[float]:
+        return (start + np.cumsum(self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph))).tolist()
+
 
 class UnitBackend(SimBackend):
     def cost_model(self, par):

@@ -17,12 +17,12 @@ def full_view(b: SimBackend) -> ClusterView:
     """The cluster view read from every rank of every engine."""
     states = []
     for e in b.engines:
-        rs = e.ranks
+        rs = e.scheduler.ranks
         states.append(EngineState(
             engine_id=e.id, role=e.role, available=e.available, gpus=b.cluster.gpus_per_engine,
             waiting_requests=sum(len(r.waiting) for r in rs), waiting_prefill_tokens=sum(r.pending_prefill for r in rs),
             running_requests=sum(len(r.running) for r in rs), decoding_requests=sum(r.decode_n for r in rs),
-            kv_used_tokens=sum(r.kv_used for r in rs), kv_capacity_tokens=e.kv_capacity_tokens,
+            kv_used_tokens=sum(r.kv.used for r in rs), kv_capacity_tokens=e.kv_capacity_tokens,
             target_role=e.target_role, queued_kv_tokens=sum(r.waiting_kv for r in rs) + b._inbound_tokens[e.id],
             inbound_requests=b._inbound[e.id], launched_as=e.launched_as))
     return ClusterView(now=b.loop.now, engines=states)
@@ -102,23 +102,26 @@ def test_the_simulator_builds_the_same_lifecycle_events():
 def test_engine_bookkeeping_matches_the_queues_and_caches(small, case, monkeypatch):
     """What the engines keep to avoid looking into their queues and caches (each trajectory's prefix
     holders, each rank's earliest finish) always matches them."""
-    from harness.sim.engine import _NO_FINISH, SimEngine
-    step = SimEngine._step
+    from harness.sim.scheduler import _NO_FINISH, RequestStatus, Scheduler
+    schedule = Scheduler.schedule
     checked = []
 
-    def checked_step(engine):
+    def checked_schedule(scheduler):
         holders = {}
-        for i, r in enumerate(engine.ranks):
-            for tid in r.cache:
+        ranks = scheduler.ranks
+        for i, r in enumerate(ranks):
+            for tid in r.kv.cache:
                 holders[tid] = holders.get(tid, 0) | (1 << i)
-            live = [f for f, seq, s in r.finish_heap if s.state == "decoding" and r.running.get(seq) is s]
+            live = [f for f, seq, s in r.finish_heap
+                    if s.status is RequestStatus.DECODING and r.running.get(seq) is s]
             assert r.next_finish is None or r.next_finish == min(live, default=_NO_FINISH)
-            assert r.holders is engine.ranks[0].holders
-        assert engine.ranks[0].holders == holders
-        checked.append(engine.id)
-        step(engine)
+            assert r.kv.holders is ranks[0].kv.holders
+            assert r.kv.cache_tokens == sum(r.kv.cache.values())
+        assert ranks[0].kv.holders == holders
+        checked.append(scheduler.engine_id)
+        return schedule(scheduler)
 
-    monkeypatch.setattr(SimEngine, "_step", checked_step)
+    monkeypatch.setattr(Scheduler, "schedule", checked_schedule)
     extra, policy = CASES[case]
     result, df, _ = simulate(small + extra, policy=policy() if policy else None)
     assert len(checked) > 50

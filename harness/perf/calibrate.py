@@ -45,6 +45,7 @@ import numpy as np
 
 from harness.cli import run_tool, split_args
 from harness.perf.catalogue import GPUSpec, ModelSpec
+from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.profiled import fit_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
 
@@ -68,7 +69,7 @@ class StepMeasurement:
         """The step as the roofline model sees it (roofline.py's RankBatch fields)."""
         n, c = self.prefill_new, self.prefill_cached
         return RankBatch(decode_seqs=self.decode_batch, decode_ctx=int(round(self.decode_batch * self.decode_context)),
-                         prefill_tokens=n, prefill_attn_ctx=n * (c + (n - 1) / 2) if n else 0.0,
+                         prefill_tokens=n, prefill_attn_ctx=prefill_attn_ctx(n, c) if n else 0.0,
                          prefill_kv_read=c + n if n else 0, requests=self.decode_batch + (1 if n else 0))
 
 
@@ -218,7 +219,7 @@ def profiled_errors(profile: dict) -> dict[str, float]:
             pre = dec = 0.0
             if "new_tokens" in r:
                 n, c = r["new_tokens"], r["cached_tokens"]
-                pre = k["prefill_s_per_token"] * n + k["prefill_s_per_attn_ctx"] * n * (c + (n - 1) / 2)
+                pre = k["prefill_s_per_token"] * n + k["prefill_s_per_attn_ctx"] * prefill_attn_ctx(n, c)
             if "batch" in r:
                 dec = k["decode_s_per_seq"] * r["batch"] + k["decode_s_per_ctx"] * r["batch"] * r["context"]
             base = k["decode_base_s"] if kind == "decode" else max(k["prefill_base_s"], k["decode_base_s"])
@@ -449,7 +450,7 @@ async def profile_kv(c: EngineClient, g: Grid, k: dict, log) -> list[dict]:
             r = await c.complete(1, ids, 1)             # server 1 loads it (external hit) and computes the rest
             hit, new = r["cached_tokens"], r["prompt_tokens"] - r["cached_tokens"]
             local = k["prefill_base_s"] + k["prefill_s_per_token"] * new + \
-                k["prefill_s_per_attn_ctx"] * new * (hit + (new - 1) / 2)
+                k["prefill_s_per_attn_ctx"] * prefill_attn_ctx(new, hit)
             rows.append({"tokens": hit, "seconds": max(r["ttft_s"] - local, 0.0), "remote_ttft_s": r["ttft_s"],
                          "local_estimate_s": local})
             log(f"kv tokens={hit} ttft={r['ttft_s'] * 1e3:.1f} ms transfer~{rows[-1]['seconds'] * 1e3:.1f} ms")

@@ -12,12 +12,13 @@ import json
 
 import numpy as np
 
+from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch, RooflineCostModel
 
 
 def fit_profile(profile: dict) -> dict[str, float]:
     pf = profile["prefill"]
-    x = np.array([[1.0, r["new_tokens"], r["new_tokens"] * (r["cached_tokens"] + (r["new_tokens"] - 1) / 2)]
+    x = np.array([[1.0, r["new_tokens"], prefill_attn_ctx(r["new_tokens"], r["cached_tokens"])]
                   for r in pf])
     a, b, c = np.linalg.lstsq(x, np.array([r["seconds"] for r in pf]), rcond=None)[0]
     dc = profile["decode"]

@@ -496,10 +496,9 @@ class WhatIf:
             on = {ft.route.prefill_engine, ft.route.decode_engine} if ft.route else set()
             for engine_id in sorted({ft.decode_engine, ft.prefill_engine, *on} - {None}):
                 e = backend.engines[engine_id]
-                load = placed.setdefault(engine_id, [0] * len(e.ranks))
+                load = placed.setdefault(engine_id, [0] * e.par.dp)
                 i = min(range(len(load)), key=lambda j: (load[j], j))
                 load[i] += cached
-                e.ranks[i].cache_put(ft.trajectory_id, cached)
+                e.scheduler.cache_prefix(i, ft.trajectory_id, cached)
         for e in backend.engines:
-            for r in e.ranks:
-                r.evict_until(0)
+            e.scheduler.fit_caches()

@@ -21,10 +21,12 @@ from typing import Callable, Iterator
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig, parallel_cost_model
+from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
 from harness.routing import EngineList, decode_load, prefill_load, request_load
 from harness.sim.clock import EventLoop
-from harness.sim.engine import DECODE, FULL, PREFILL, EngineConfig, SimEngine, SimRequest
+from harness.sim.engine import EngineConfig, SimEngine
+from harness.sim.scheduler import HandOff, Leg, PullKV, Report, SchedulerConfig, SimRequest
 from harness.timeline import RoleTimeline
 
 
@@ -95,15 +97,19 @@ class SimBackend:
         self._roles: dict[Role, _RoleIndex] | None = None   # available engines per role, by id
         self._cost_models: dict[Parallelism, object] = {}
         sglang = cluster.engine == "sglang"
-        cfg = EngineConfig(prefill_budget=cluster.prefill_budget,
-                           max_num_seqs=cluster.max_num_seqs, memory_fraction=cluster.memory_fraction,
-                           activation_reserve_bytes=cluster.activation_reserve_bytes,
-                           fast_forward=fast_forward, prefill_first=sglang,
-                           mixed_chunk=sglang and cluster.enable_mixed_chunk,
-                           cuda_graph_max_bs=cluster.cuda_graph_max_bs)
+        cfg = EngineConfig(memory_fraction=cluster.memory_fraction,
+                           activation_reserve_bytes=cluster.activation_reserve_bytes, gpu_name=cluster.gpu.name,
+                           scheduler=SchedulerConfig(prefill_budget=cluster.prefill_budget,
+                                                     max_num_seqs=cluster.max_num_seqs, fast_forward=fast_forward,
+                                                     prefill_first=sglang, mixed_chunk=sglang and cluster.enable_mixed_chunk,
+                                                     cuda_graph_max_bs=cluster.cuda_graph_max_bs))
         launched = launched_as or roles
-        self.engines = [SimEngine(i, role, cluster.parallelism[launched[i]], self, cfg, launched_as=launched[i])
-                        for i, role in enumerate(roles)]
+        self.engines = []
+        for i, role in enumerate(roles):
+            par = cluster.parallelism[launched[i]]
+            e = SimEngine(i, role, par, self.cost_model(par), cfg, launched_as=launched[i])
+            self.engines.append(e)
+            self.mark_stale(e)
         self._nic_free = [0.0] * len(self.engines)
         self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
         self._inbound_tokens = [0] * len(self.engines)
@@ -137,10 +143,10 @@ class SimBackend:
             self.mark_stale(self.engines[route.decode_engine])
             self._inbound[route.decode_engine] += 1
             self._inbound_tokens[route.decode_engine] += request.prompt_tokens
-            leg = SimRequest(request, route, PREFILL, target=request.prompt_tokens)
+            leg = SimRequest(request, route, Leg.PREFILL, target=request.prompt_tokens)
         else:
-            leg = SimRequest(request, route, FULL, target=request.prompt_tokens)
-        self.engines[route.prefill_engine].enqueue(leg)
+            leg = SimRequest(request, route, Leg.FULL, target=request.prompt_tokens)
+        self._enqueue(self.engines[route.prefill_engine], leg)
 
     def switch_role(self, engine_id: int, role: Role) -> None:
         e = self.engines[engine_id]
@@ -158,6 +164,7 @@ class SimBackend:
             self.loop.at_engine(self.loop.now + self.cluster.router_update_s, partial(self._switch_done, e, False))
             return
         self.timeline.enter(e.id, self.loop.now, e.role, "draining")
+        self.mark_stale(e)
         for leg in e.take_waiting():
             if leg.route.disaggregated:
                 self.mark_stale(self.engines[leg.route.decode_engine])
@@ -174,14 +181,7 @@ class SimBackend:
         return view
 
     def _engine_state(self, e: SimEngine) -> EngineState:
-        waiting = pending = running = decoding = used = queued = 0
-        for r in e.ranks:
-            waiting += len(r.waiting)
-            pending += r.pending_prefill
-            running += len(r.running)
-            decoding += r.decode_n
-            used += r.kv_used
-            queued += r.waiting_kv
+        waiting, pending, running, decoding, used, queued = e.scheduler.totals()
         if _STATE_BY_POSITION:
             return EngineState(e.id, e.role, e.available, self._gpus, waiting, pending, running, decoding, used,
                                e.kv_capacity_tokens, queued + self._inbound_tokens[e.id], self._inbound[e.id],
@@ -236,44 +236,86 @@ class SimBackend:
     def engine_timeline(self) -> list[dict]:
         return self.timeline.rows(self.loop.now)
 
-    # --- called by engines --------------------------------------------------------------------
-    def cost_model(self, par: Parallelism):
+    # --- engines ------------------------------------------------------------------------------
+    def cost_model(self, par: Parallelism) -> CostModel:
         if par not in self._cost_models:
             self._cost_models[par] = parallel_cost_model(self.cluster, par)
         return self._cost_models[par]
 
-    def emit(self, kind: EventKind, s: SimRequest, engine_id: int, tokens: int = 0, extra_tokens: int = 0):
-        r = s.request
-        self._on_event(_event(kind, self.loop.now, r.trajectory_id, r.turn, engine_id, tokens, extra_tokens))
+    def _enqueue(self, e: SimEngine, leg: SimRequest) -> None:
+        e.enqueue(leg)
+        self.mark_stale(e)
+        self._wake(e)
+
+    def _wake(self, e: SimEngine) -> None:
+        """Something changed on `e`: start a step now, or end a decode span at its next step."""
+        if e.in_span:
+            end = e.cut_span(self.loop.now)
+            if end is not None:
+                self.loop.at_engine(end, partial(self._step_end, e, e.version))
+        elif not e.busy and not e.pending_wake:
+            e.pending_wake = True
+            self.loop.at_engine(self.loop.now, partial(self._step, e))
+
+    def _step(self, e: SimEngine) -> None:
+        e.pending_wake = False
+        if e.busy:
+            return
+        self.mark_stale(e)
+        plan, end = e.start_step(self.loop.now)
+        self._act(e, plan.outputs)
+        if end is None:
+            self._maybe_switch(e)   # nothing runnable: wait for an arrival or a transfer
+        else:
+            self.loop.at_engine(end, partial(self._step_end, e, e.version))
+
+    def _step_end(self, e: SimEngine, version: int) -> None:
+        if version != e.version:
+            return   # a span cut short: it ends at its new end
+        self.mark_stale(e)
+        self._act(e, e.end_step())
+        e.busy = False
+        self._step(e)
+
+    def _act(self, e: SimEngine, outputs: list) -> None:
+        """Carry out what an engine's step produced, in order."""
+        now = self.loop.now
+        for o in outputs:
+            if type(o) is Report:
+                r = o.request.request
+                self._on_event(_event(o.kind, now, r.trajectory_id, r.turn, e.id, o.tokens, o.extra_tokens))
+            elif type(o) is HandOff:
+                self._hand_off(o.request)
+            else:
+                self._pull_kv(o)
 
     def submit_decode(self, request: TurnRequest, route: Route) -> None:
         """A disaggregated turn whose prefill is already done (a run continued from a state where it was
         under way): its decode leg queues on the decode engine, which pulls what it lacks of the KV."""
-        self.engines[route.decode_engine].enqueue(SimRequest(request, route, DECODE, target=request.prompt_tokens))
+        self._enqueue(self.engines[route.decode_engine], SimRequest(request, route, Leg.DECODE, target=request.prompt_tokens))
 
-    def prefill_handoff(self, s: SimRequest) -> None:
+    def _hand_off(self, s: SimRequest) -> None:
         """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV)."""
         d = s.route.decode_engine
         self._inbound[d] -= 1
         self._inbound_tokens[d] -= s.request.prompt_tokens
-        self.engines[d].enqueue(SimRequest(s.request, s.route, DECODE, target=s.request.prompt_tokens))
+        self._enqueue(self.engines[d], SimRequest(s.request, s.route, Leg.DECODE, target=s.request.prompt_tokens))
 
-    def start_transfer(self, s: SimRequest, tokens: int) -> None:
+    def _pull_kv(self, pull: PullKV) -> None:
+        s, tokens = pull
         p, d = s.route.prefill_engine, s.route.decode_engine
         start = max(self.loop.now, self._nic_free[p], self._nic_free[d])
         end = start + self.cluster.kv_transfer_setup_s + tokens * self.cluster.model.kv_bytes_per_token / self._nic_bw
         self._nic_free[p] = self._nic_free[d] = end
-
         self.loop.at_engine(end, partial(self._arrived, s, tokens))
 
     def _arrived(self, s: SimRequest, tokens: int) -> None:
         r = s.request
         d = s.route.decode_engine
         self._on_event(_event(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d, tokens, 0))
-        self.engines[d].transfer_done(s)
-
-    def engine_went_idle(self, e: SimEngine) -> None:
-        self._maybe_switch(e)
+        e = self.engines[d]
+        e.scheduler.transfer_done(s)
+        self._wake(e)
 
     # --- role switches ------------------------------------------------------------------------
     def _maybe_switch(self, e: SimEngine) -> None:
@@ -291,7 +333,8 @@ class SimBackend:
         old, role = e.role, e.target_role
         cleared = reshard or (self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch)
         if reshard:
-            e.configure(role, self.cluster.parallelism[role])
+            par = self.cluster.parallelism[role]
+            e.configure(role, par, self.cost_model(par))
         elif cleared:
             e.clear_prefix_cache()
         e.role = role
@@ -304,7 +347,7 @@ class SimBackend:
             self._on_event(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, self.loop.now, engine_id=e.id))
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
                                       detail=f"{old.value}->{role.value}"))
-        e.wake()
+        self._wake(e)
 
     # --- forks ----------------------------------------------------------------------------------
     def fork(self, root, replace: dict[int, object] | None = None):

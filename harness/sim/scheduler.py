@@ -1,0 +1,500 @@
+"""The scheduler of one simulated engine, in vLLM v1's shape: `schedule()` returns a typed plan of the
+next step, the engine times it on its cost model, and `update_from_output()` applies the step and
+returns what it produced (lifecycle reports, prefill legs handed off, KV pulls), in order. The
+scheduler never calls out: the backend acts on what it returns.
+
+Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step:
+  - vllm (vLLM v1's scheduler): each step first gives every decoding sequence one token, then fills
+    the rest of the token budget (`max_num_batched_tokens`) with prefill chunks, FCFS;
+  - sglang (SGLang's scheduler): prefill first. A rank that can form a prefill batch (up to
+    `chunked_prefill_size` tokens) runs it and its decodes pause for that step, unless
+    `enable_mixed_chunk` lets them ride along; with DP attention the other ranks' steps stretch to it.
+    A decode step runs as a CUDA graph only if every rank decodes or idles and no rank's batch
+    exceeds `cuda_graph_max_bs`.
+KV memory (kv_cache.py) is reserved for a request's whole prompt when it is admitted; decode grows it
+one token per step; when a step cannot get memory, the prefix cache is evicted (LRU) and then the
+most recently admitted request is preempted (its KV dropped and recomputed later, as vLLM's recompute
+mode).
+
+Decode progress is counted per rank (`decode_clock`), so a decode step costs O(1) whatever the batch
+size; while nothing can change a decode-only batch, many steps are planned at once (a span, with
+`fast_forward`), giving the same times as stepping one token at a time.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+from harness.api import EventKind, Route, TurnRequest
+from harness.perf.cost_model import prefill_attn_ctx
+from harness.sim.kv_cache import KVCacheManager
+
+
+class Leg(Enum):
+    """Which part of a turn a request runs on its engine."""
+    FULL = "full"           # colocated: prefill and decode
+    PREFILL = "prefill"     # the P side of a disaggregated turn
+    DECODE = "decode"       # the D side: pulls the KV, then decodes
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    TRANSFERRING = "transferring"   # admitted decode leg pulling its KV
+    READY = "ready"                 # KV arrived: joins the decode batch next step
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    DONE = "done"
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    request: TurnRequest
+    route: Route
+    leg: Leg
+    rank: int = -1
+    status: RequestStatus = RequestStatus.WAITING
+    target: int = 0                 # KV tokens to hold before decoding
+    computed: int = 0               # KV tokens present (cached + prefilled or moved)
+    prefilled: int = 0              # tokens prefilled by the current attempt
+    generated: int = 0              # output tokens (set on entering decode; see Rank.generated)
+    kv_held: int = 0                # KV tokens reserved on the rank
+    admit_seq: int = 0
+    clock0: int = 0                 # rank decode_clock when this request joined the decode batch
+    started_prefill: bool = False
+    recompute: bool = False         # preempted before: prefill prompt + generated, no handoff
+
+    @property
+    def trajectory_id(self) -> int:
+        return self.request.trajectory_id
+
+
+class Report(NamedTuple):
+    """A lifecycle event of a request, for the backend to report."""
+    kind: EventKind
+    request: SimRequest
+    tokens: int = 0
+    extra_tokens: int = 0
+
+
+class HandOff(NamedTuple):
+    """A disaggregated turn's prefill leg is done: its decode leg goes to the decode engine."""
+    request: SimRequest
+
+
+class PullKV(NamedTuple):
+    """An admitted decode leg pulls `tokens` of KV (its prompt minus what this rank has cached)."""
+    request: SimRequest
+    tokens: int
+
+
+_NO_FINISH = 1 << 62   # Rank.next_finish when nothing decodes
+_WAITING, _TRANSFERRING, _READY = RequestStatus.WAITING, RequestStatus.TRANSFERRING, RequestStatus.READY
+_PREFILLING, _DECODING, _DONE = RequestStatus.PREFILLING, RequestStatus.DECODING, RequestStatus.DONE
+
+
+@dataclass(slots=True)
+class Rank:
+    """One data-parallel attention rank: its queues, its decode batch and its KV memory."""
+    kv: KVCacheManager
+    waiting: deque = field(default_factory=deque)
+    running: dict = field(default_factory=dict)     # admit_seq -> SimRequest, admission order
+    prefilling: dict = field(default_factory=dict)  # the running requests still prefilling, same order
+    decode_clock: int = 0
+    decode_n: int = 0
+    decode_ctx: int = 0
+    finish_heap: list = field(default_factory=list)  # (finish clock, admit_seq, request)
+    first_token_due: list = field(default_factory=list)
+    ready: list = field(default_factory=list)        # KV arrived, joins the batch next step
+    pending_prefill: int = 0        # tokens still to prefill, waiting and running requests
+    waiting_kv: int = 0             # prompt tokens of the waiting requests
+    # The earliest finish clock of a decoding request (None: to be found in finish_heap, whose top
+    # may be a preempted request's stale entry); kept so a step need not look into the heap.
+    next_finish: int | None = _NO_FINISH
+
+    def generated(self, s: SimRequest) -> int:
+        return s.generated + (self.decode_clock - s.clock0 if s.status is _DECODING else 0)
+
+    def held(self, s: SimRequest) -> int:
+        return s.kv_held + (self.decode_clock - s.clock0 if s.status is _DECODING else 0)
+
+    def finish_clock(self) -> int:
+        """The earliest finish clock of a decoding request (_NO_FINISH if none)."""
+        if self.next_finish is None:
+            heap = self.finish_heap
+            while heap:   # drop stale entries of preempted requests
+                _, seq, s = heap[0]
+                if s.status is _DECODING and self.running.get(seq) is s:
+                    break
+                heapq.heappop(heap)
+            self.next_finish = heap[0][0] if heap else _NO_FINISH
+        return self.next_finish
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    prefill_budget: int             # prefill tokens per rank per step (vLLM: minus that step's decodes)
+    max_num_seqs: int
+    fast_forward: bool = True
+    prefill_first: bool = False     # SGLang: a rank with prefill work pauses its decodes for the step
+    mixed_chunk: bool = False       # SGLang --enable-mixed-chunk: decodes join the prefill step
+    cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What the next step runs, per rank, and what deciding it produced (preemptions, decode legs
+    joining the batch, prefill starts, KV pulls of admitted decode legs), in order."""
+    outputs: list
+    seqs: list[int]                 # decoding sequences
+    ctx: list[int]                  # their total context
+    decoding: list[bool]            # does the rank decode in this step (SGLang: not while it prefills)
+    graph: bool                     # the decode runs as a CUDA graph
+    span_steps: int = 0             # >= 2: that many decode-only steps nothing can interrupt
+    chunks: list = field(default_factory=list)    # per rank: (request, tokens) prefill chunks
+    prefill: list = field(default_factory=list)   # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
+
+    @property
+    def idle(self) -> bool:
+        return not self.span_steps and not self.prefill and not any(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, engine_id: int, cfg: SchedulerConfig, capacity: int, ranks: int):
+        self.engine_id = engine_id   # for messages
+        self.cfg = cfg
+        holders: dict[int, int] = {}
+        self.ranks = [Rank(KVCacheManager(capacity, holders, 1 << i)) for i in range(ranks)]
+        self._all_decode = [True] * ranks    # vLLM semantics: every rank decodes in every step
+        self._admit_counter = 0
+
+    @property
+    def rank_capacity(self) -> int:
+        return self.ranks[0].kv.capacity
+
+    # --- intake -------------------------------------------------------------------------------
+    def add_request(self, s: SimRequest) -> None:
+        """A leg arrives: on the rank holding its prefix, else the least loaded one; behind every
+        waiting leg of no higher priority."""
+        ranks = self.ranks
+        mask = ranks[0].kv.holders.get(s.request.trajectory_id)
+        if mask:   # the first rank holding it
+            best = (mask & -mask).bit_length() - 1
+        else:
+            best = min(range(len(ranks)), key=lambda i: (ranks[i].kv.used + ranks[i].waiting_kv, i))
+        s.rank = best
+        rank = ranks[best]
+        q, i = rank.waiting, len(rank.waiting)
+        while i and q[i - 1].route.priority > s.route.priority:
+            i -= 1
+        q.insert(i, s)
+        rank.waiting_kv += self.kv_need(s)
+        if s.leg is not Leg.DECODE:
+            rank.pending_prefill += s.target
+
+    @staticmethod
+    def kv_need(s: SimRequest) -> int:
+        """The KV tokens a leg reserves on admission."""
+        return s.request.prompt_tokens if s.leg is Leg.DECODE else s.target
+
+    def take_waiting(self) -> list[SimRequest]:
+        """Hand back the legs not yet admitted that a router may send elsewhere (role switch)."""
+        out = []
+        for r in self.ranks:
+            keep = deque()
+            for s in r.waiting:
+                if s.leg is not Leg.DECODE and not s.recompute:
+                    out.append(s)
+                    r.pending_prefill -= s.target
+                    r.waiting_kv -= s.target
+                else:
+                    keep.append(s)
+            r.waiting = keep
+        return out
+
+    def transfer_done(self, s: SimRequest) -> None:
+        s.computed = s.target
+        s.status = _READY
+        self.ranks[s.rank].ready.append(s)
+
+    def clear_prefix_cache(self) -> None:
+        for r in self.ranks:
+            r.kv.clear_cache()
+
+    def cache_prefix(self, rank: int, trajectory_id: int, tokens: int) -> None:
+        """Place a trajectory's prefix in a rank's cache (a run continued from an observed state);
+        `fit_caches` then evicts what does not fit."""
+        self.ranks[rank].kv.cache_prefix(trajectory_id, tokens)
+
+    def fit_caches(self) -> None:
+        for r in self.ranks:
+            r.kv.evict_until(0)
+
+    @property
+    def idle(self) -> bool:
+        return all(not r.running and not r.waiting for r in self.ranks)
+
+    def totals(self) -> tuple[int, int, int, int, int, int]:
+        """Waiting requests, prefill tokens pending, running requests, decoding requests, KV tokens in
+        use and KV tokens of waiting requests, over the ranks."""
+        waiting = pending = running = decoding = used = queued = 0
+        for r in self.ranks:
+            waiting += len(r.waiting)
+            pending += r.pending_prefill
+            running += len(r.running)
+            decoding += r.decode_n
+            used += r.kv.used
+            queued += r.waiting_kv
+        return waiting, pending, running, decoding, used, queued
+
+    # --- admission ----------------------------------------------------------------------------
+    def _admit(self, r: Rank, outputs: list) -> None:
+        kv = r.kv
+        while r.waiting and len(r.running) < self.cfg.max_num_seqs:
+            s = r.waiting[0]
+            tid = s.request.trajectory_id
+            hit = kv.take_prefix(tid)
+            if s.leg is Leg.DECODE and not s.recompute:
+                need = s.request.prompt_tokens
+                local = min(hit, need)
+            else:
+                need = s.target
+                local = min(hit, need - 1)
+            if not kv.allocate(need, cached=local):
+                if hit:
+                    kv.put_back_prefix(tid, hit)
+                return
+            r.waiting.popleft()
+            r.waiting_kv -= need
+            self._admit_counter += 1
+            s.admit_seq = self._admit_counter
+            s.kv_held = need
+            s.computed = local
+            r.running[s.admit_seq] = s
+            if s.leg is Leg.DECODE and not s.recompute:
+                s.status = _TRANSFERRING
+                s.target = need
+                outputs.append(PullKV(s, need - local))
+            else:
+                s.status = _PREFILLING
+                r.prefilling[s.admit_seq] = s
+                s.prefilled = 0
+                r.pending_prefill -= local
+
+    def _join_decode(self, r: Rank, s: SimRequest, generated: int) -> None:
+        s.status = _DECODING
+        s.generated = generated
+        s.clock0 = r.decode_clock
+        r.decode_n += 1
+        r.decode_ctx += s.kv_held
+        if generated == 0:
+            r.first_token_due.append(s)
+        finish = r.decode_clock + s.request.output_tokens - generated
+        heapq.heappush(r.finish_heap, (finish, s.admit_seq, s))
+        if r.next_finish is not None and finish < r.next_finish:
+            r.next_finish = finish
+
+    # --- memory pressure ----------------------------------------------------------------------
+    def _preempt(self, r: Rank, s: SimRequest, outputs: list) -> None:
+        held = r.held(s)                    # KV reserved on the rank
+        dropped = s.computed if s.status is _PREFILLING else held   # KV actually computed
+        # Recomputed: tokens the recompute will prefill that were computed or sampled before (when
+        # decoding, the last sampled token has no KV yet and is prefilled with the others, as vLLM does).
+        recomputed = dropped + (1 if s.status is _DECODING else 0)
+        if s.status is _DECODING:
+            s.generated = r.generated(s)
+            r.next_finish = None    # its heap entry is stale now
+            r.decode_n -= 1
+            r.decode_ctx -= held
+            if s in r.first_token_due:
+                r.first_token_due.remove(s)
+        elif s.status is _READY:
+            r.ready.remove(s)
+        extra = 0
+        if s.status is _PREFILLING:
+            del r.prefilling[s.admit_seq]
+            extra = s.prefilled
+            r.pending_prefill -= s.target - s.computed
+        r.kv.release(held)
+        del r.running[s.admit_seq]
+        s.kv_held = 0
+        s.status = _WAITING
+        s.recompute = True
+        s.started_prefill = True
+        s.target = s.request.prompt_tokens + s.generated
+        s.computed = 0
+        s.prefilled = 0
+        r.pending_prefill += s.target
+        r.waiting_kv += s.target
+        r.waiting.appendleft(s)
+        outputs.append(Report(EventKind.PREEMPTED, s, recomputed, extra))
+
+    def _reserve_decode_slots(self, r: Rank, outputs: list) -> None:
+        while r.decode_n and not r.kv.evict_until(r.decode_n):
+            victim = next(x for x in reversed(r.running.values()) if x.status is not _TRANSFERRING)
+            if victim.status is _DECODING and r.held(victim) + 1 > r.kv.capacity:
+                raise ValueError(f"trajectory {victim.trajectory_id}: its context alone exceeds the KV "
+                                 f"memory of a rank of engine {self.engine_id} ({r.kv.capacity} tokens)")
+            self._preempt(r, victim, outputs)
+
+    # --- the step -----------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """The next step: decode slots reserved, waiting requests admitted, prefill chunks chosen (or
+        a span of decode-only steps). `plan.idle`: nothing can run until a request arrives or a KV
+        transfer ends."""
+        cfg = self.cfg
+        prefill_first = cfg.prefill_first and not cfg.mixed_chunk
+        max_seqs = cfg.max_num_seqs
+        outputs: list = []
+        span = cfg.fast_forward             # while no rank so far rules out a fast-forward span
+        steps = None                        # decode steps no rank so far can interrupt
+        decoding = [] if prefill_first else self._all_decode   # per rank: does it decode in this step
+        seqs, ctx = [], []                  # per rank: this step's decoding sequences and their context
+        for r in self.ranks:
+            kv = r.kv
+            if r.ready:
+                for s in r.ready:
+                    # The first decode step re-feeds the last prompt token (its KV is recomputed on the
+                    # decode side, as vLLM's connectors do), so the context grows from prompt - 1.
+                    s.kv_held -= 1
+                    kv.release(1)
+                    self._join_decode(r, s, generated=0)
+                    outputs.append(Report(EventKind.DECODE_START, s))
+                r.ready.clear()
+            if prefill_first:
+                # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.
+                if r.waiting:
+                    self._admit(r, outputs)
+                if r.prefilling:
+                    decoding.append(False)
+                    seqs.append(0)
+                    ctx.append(0)
+                    span = False
+                    continue
+                decoding.append(True)
+            # vLLM's scheduler (and SGLang's decode batch or mixed chunk): running requests get their
+            # decode slot first, then new ones are admitted.
+            n = r.decode_n
+            if n and kv.free < n:
+                self._reserve_decode_slots(r, outputs)   # not enough free memory: evict, then preempt
+                n = r.decode_n
+            kv.grow(n)
+            if r.waiting and not prefill_first:
+                self._admit(r, outputs)
+            seqs.append(n)
+            ctx.append(r.decode_ctx)
+            if span:   # how many decode steps nothing inside the engine can interrupt
+                if r.first_token_due or r.prefilling or (r.waiting and len(r.running) < max_seqs):
+                    span = False   # (a waiting head blocked only by memory stays blocked: spans free none)
+                elif n:
+                    # this step's slots are reserved; later steps may use free memory and the cache
+                    k = (r.next_finish if r.next_finish is not None else r.finish_clock()) - r.decode_clock
+                    k2 = 1 + (kv.capacity - kv.used) // n
+                    if k2 < k:
+                        k = k2
+                    if steps is None or k < steps:
+                        steps = k
+        limit = cfg.cuda_graph_max_bs
+        plan = StepPlan(outputs, seqs, ctx, decoding, graph=not limit or max(seqs) <= limit)
+        if span and steps is not None and steps >= 2:
+            plan.span_steps = steps
+            return plan
+        budget0 = cfg.prefill_budget
+        for r, n in zip(self.ranks, seqs):
+            rank_chunks = []
+            if r.prefilling:
+                budget = budget0 - n
+                tokens, attn_ctx, kv_read, requests = 0, 0.0, 0, n
+                for s in r.prefilling.values():
+                    if budget <= 0:
+                        break
+                    c = min(s.target - s.computed, budget)
+                    budget -= c
+                    p = s.computed
+                    tokens += c
+                    attn_ctx += prefill_attn_ctx(c, p)
+                    kv_read += p + c
+                    requests += 1
+                    rank_chunks.append((s, c))
+                    if not s.started_prefill:
+                        s.started_prefill = True
+                        outputs.append(Report(EventKind.PREFILL_START, s, s.computed))
+                if tokens:
+                    plan.prefill.append((len(plan.chunks), tokens, attn_ctx, kv_read, requests))
+            plan.chunks.append(rank_chunks)
+        return plan
+
+    def update_from_output(self, plan: StepPlan, steps: int = 1) -> list:
+        """Apply a finished step (or the first `steps` steps of a span): decode progress, prefill chunks
+        done. Returns what it produced, in order: reports (first tokens, prefill and decode ends)
+        and the hand-offs of finished prefill legs."""
+        outputs: list = []
+        if plan.span_steps:
+            for r in self.ranks:
+                n = r.decode_n
+                if not n:
+                    continue
+                r.decode_clock += steps
+                r.decode_ctx += steps * n
+                r.kv.grow((steps - 1) * n)
+                if r.kv.free < 0:
+                    r.kv.evict_until(0)
+                if r.next_finish is None or r.next_finish <= r.decode_clock:
+                    self._finish_decodes(r, outputs)
+            return outputs
+        for r, rank_chunks, decoded in zip(self.ranks, plan.chunks, plan.decoding):
+            if r.decode_n and decoded:
+                r.decode_clock += 1
+                r.decode_ctx += r.decode_n
+                if r.first_token_due:
+                    for s in r.first_token_due:
+                        outputs.append(Report(EventKind.FIRST_TOKEN, s))
+                    r.first_token_due.clear()
+                if r.next_finish is None or r.next_finish <= r.decode_clock:
+                    self._finish_decodes(r, outputs)
+            for s, c in rank_chunks:
+                if s.status is not _PREFILLING:
+                    continue  # preempted since
+                s.computed += c
+                s.prefilled += c
+                r.pending_prefill -= c
+                if s.computed == s.target:
+                    self._prefill_done(r, s, outputs)
+        return outputs
+
+    def _prefill_done(self, r: Rank, s: SimRequest, outputs: list) -> None:
+        del r.prefilling[s.admit_seq]
+        outputs.append(Report(EventKind.PREFILL_END, s, s.prefilled))
+        if s.leg is Leg.PREFILL:
+            del r.running[s.admit_seq]
+            r.kv.release(s.kv_held)
+            r.kv.cache_prefix(s.trajectory_id, s.kv_held)
+            s.kv_held = 0
+            outputs.append(HandOff(s))
+            return
+        generated = s.generated + 1          # the prefill step samples a token
+        if s.generated == 0:
+            outputs.append(Report(EventKind.FIRST_TOKEN, s))
+            if s.leg is Leg.FULL:
+                outputs.append(Report(EventKind.DECODE_START, s))
+        self._join_decode(r, s, generated)
+        if generated >= s.request.output_tokens:
+            self._finish_decodes(r, outputs)
+
+    def _finish_decodes(self, r: Rank, outputs: list) -> None:
+        heap = r.finish_heap
+        r.next_finish = None
+        while heap and heap[0][0] <= r.decode_clock:
+            _, seq, s = heapq.heappop(heap)
+            if s.status is not _DECODING or r.running.get(seq) is not s:
+                continue  # stale entry of a preempted request
+            held = s.kv_held + r.decode_clock - s.clock0
+            r.decode_n -= 1
+            r.decode_ctx -= held
+            r.kv.release(held)
+            del r.running[seq]
+            s.status = _DONE
+            r.kv.cache_prefix(s.request.trajectory_id, held)
+            outputs.append(Report(EventKind.DECODE_END, s, s.request.output_tokens))

@@ -17,7 +17,7 @@ import pickle
 from contextlib import contextmanager
 from dataclasses import fields
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig, parallel_cost_model
@@ -263,7 +263,8 @@ class SimBackend:
             return
         self.mark_stale(e)
         plan, end = e.start_step(self.loop.now)
-        self._act(e, plan.outputs)
+        if plan.outputs:
+            self._act(e, plan.outputs)
         if end is None:
             self._maybe_switch(e)   # nothing runnable: wait for an arrival or a transfer
         else:
@@ -277,8 +278,8 @@ class SimBackend:
         e.busy = False
         self._step(e)
 
-    def _act(self, e: SimEngine, outputs: list) -> None:
-        """Carry out what an engine's step produced, in order."""
+    def _act(self, e: SimEngine, outputs: Iterable) -> None:
+        """Carry out what an engine's step produced, in order (each before the next is produced)."""
         now = self.loop.now
         for o in outputs:
             if type(o) is Report:
@@ -302,7 +303,7 @@ class SimBackend:
         self._enqueue(self.engines[d], SimRequest(s.request, s.route, Leg.DECODE, target=s.request.prompt_tokens))
 
     def _pull_kv(self, pull: PullKV) -> None:
-        s, tokens = pull
+        s, tokens = pull.request, pull.tokens
         p, d = s.route.prefill_engine, s.route.decode_engine
         start = max(self.loop.now, self._nic_free[p], self._nic_free[d])
         end = start + self.cluster.kv_transfer_setup_s + tokens * self.cluster.model.kv_bytes_per_token / self._nic_bw

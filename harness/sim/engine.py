@@ -3,7 +3,7 @@ attention ranks and the cost model that times its steps, as vLLM v1's EngineCore
 with a model executor.
 
 The backend (backend.py) drives it: `start_step(now)` asks the scheduler for a plan and times it,
-`end_step(version)` applies the step and returns what it produced. The engine never calls its owner.
+`end_step()` applies the step and yields what it produces. The engine never calls its owner.
 A span of decode-only steps (scheduler.py) ends early, at the end of the step under way, when
 something arrives that could change the batch (`cut_span`).
 """
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Iterator
 
 from harness.api import Role
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
-from harness.sim.scheduler import Scheduler, SchedulerConfig, SimRequest, StepPlan
+from harness.sim.scheduler import HandOff, Report, Scheduler, SchedulerConfig, SimRequest, StepPlan
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,7 @@ class SimEngine:
                              f"on a {self.cfg.gpu_name} rank (tp={par.tp}, dp={par.dp}, "
                              f"ep={par.ep}); use more GPUs per engine or a larger GPU")
         self.scheduler = Scheduler(self.id, self.cfg.scheduler, cap, par.dp)
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.scheduler.rank_capacity * len(self.scheduler.ranks)
+        self.kv_capacity_tokens = cap * par.dp
 
     @property
     def idle(self) -> bool:
@@ -116,8 +114,9 @@ class SimEngine:
     def in_span(self) -> bool:
         return self._span is not None
 
-    def end_step(self) -> list:
-        """Apply the step (or the steps of the span) that just ended; what it produced, in order."""
+    def end_step(self) -> Iterator[Report | HandOff]:
+        """Apply the step (or the steps of the span) that just ended; what it produces, in order, as it
+        goes (Scheduler.update_from_output)."""
         plan, self._plan = self._plan, None
         steps = 1
         if self._span is not None:

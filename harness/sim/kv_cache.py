@@ -30,26 +30,30 @@ class KVCacheManager:
     def allocate(self, tokens: int, cached: int = 0) -> bool:
         """Reserve `tokens` for a request of which `cached` are its own prefix, just taken out of the
         cache (`take_prefix`): the rest must be free, after evicting other prefixes if need be. False,
-        and nothing reserved, when even an empty cache leaves too little."""
-        if not self.evict_until(tokens - cached):
+        and nothing reserved, when even an empty cache leaves too little. (The free-memory test is
+        written out: this runs for every rank in every step.)"""
+        if self.capacity - self.used - self.cache_tokens < tokens - cached and not self.evict_until(tokens - cached):
             return False
         self.used += tokens
         return True
 
     def grow(self, tokens: int) -> None:
-        """Decoding sequences write `tokens` more (their slots were made free before the step)."""
+        """Decoding sequences wrote `tokens` more; prefixes that no longer fit are evicted."""
         self.used += tokens
+        if self.capacity - self.used - self.cache_tokens < 0:
+            self.evict_until(0)
 
     def release(self, tokens: int) -> None:
         self.used -= tokens
 
     def evict_until(self, need: int) -> bool:
         """Evict prefixes, oldest first, until `need` tokens are free; whether they are."""
-        while self.free < need and self.cache:
-            tid, tokens = self.cache.popitem(last=False)
+        cache = self.cache
+        while self.capacity - self.used - self.cache_tokens < need and cache:
+            tid, tokens = cache.popitem(last=False)
             self.cache_tokens -= tokens
             self._forget(tid)
-        return self.free >= need
+        return self.capacity - self.used - self.cache_tokens >= need
 
     def cache_prefix(self, trajectory_id: int, tokens: int) -> None:
         """A turn ended here: its context stays cached for the trajectory's next turn."""

@@ -1,7 +1,8 @@
 """The scheduler of one simulated engine, in vLLM v1's shape: `schedule()` returns a typed plan of the
-next step, the engine times it on its cost model, and `update_from_output()` applies the step and
-returns what it produced (lifecycle reports, prefill legs handed off, KV pulls), in order. The
-scheduler never calls out: the backend acts on what it returns.
+next step (with what deciding it produced: preemptions, decode starts, KV pulls), the engine times it
+on its cost model, and `update_from_output()` applies the step and yields what it produces (lifecycle
+reports, prefill legs handed off), in order. The scheduler never calls out: the backend acts on what
+it returns.
 
 Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step:
   - vllm (vLLM v1's scheduler): each step first gives every decoding sequence one token, then fills
@@ -26,7 +27,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import Iterator
 
 from harness.api import EventKind, Route, TurnRequest
 from harness.perf.cost_model import prefill_attn_ctx
@@ -71,7 +72,8 @@ class SimRequest:
         return self.request.trajectory_id
 
 
-class Report(NamedTuple):
+@dataclass(slots=True)
+class Report:
     """A lifecycle event of a request, for the backend to report."""
     kind: EventKind
     request: SimRequest
@@ -79,12 +81,14 @@ class Report(NamedTuple):
     extra_tokens: int = 0
 
 
-class HandOff(NamedTuple):
+@dataclass(slots=True)
+class HandOff:
     """A disaggregated turn's prefill leg is done: its decode leg goes to the decode engine."""
     request: SimRequest
 
 
-class PullKV(NamedTuple):
+@dataclass(slots=True)
+class PullKV:
     """An admitted decode leg pulls `tokens` of KV (its prompt minus what this rank has cached)."""
     request: SimRequest
     tokens: int
@@ -377,10 +381,10 @@ class Scheduler:
             # vLLM's scheduler (and SGLang's decode batch or mixed chunk): running requests get their
             # decode slot first, then new ones are admitted.
             n = r.decode_n
-            if n and kv.free < n:
-                self._reserve_decode_slots(r, outputs)   # not enough free memory: evict, then preempt
+            if n and not kv.allocate(n):   # a slot per decoding sequence, evicting prefixes if need be
+                self._reserve_decode_slots(r, outputs)   # else preempt until the rest fit
                 n = r.decode_n
-            kv.grow(n)
+                kv.grow(n)
             if r.waiting and not prefill_first:
                 self._admit(r, outputs)
             seqs.append(n)
@@ -426,11 +430,13 @@ class Scheduler:
             plan.chunks.append(rank_chunks)
         return plan
 
-    def update_from_output(self, plan: StepPlan, steps: int = 1) -> list:
+    def update_from_output(self, plan: StepPlan, steps: int = 1) -> Iterator[Report | HandOff]:
         """Apply a finished step (or the first `steps` steps of a span): decode progress, prefill chunks
-        done. Returns what it produced, in order: reports (first tokens, prefill and decode ends)
-        and the hand-offs of finished prefill legs."""
-        outputs: list = []
+        done. Yields what it produces, in order, as it goes (reports of first tokens, prefill and decode
+        ends; hand-offs of finished prefill legs), so the backend acts on each before the next rank
+        is applied, as the engine did when it reported them itself: the driver may route a new turn on
+        a report, and delivering a step's reports only after the whole step moved async runs (three
+        steps of shift_reason_browse_kvboth: 302.1 -> 333.0 s) where the reshaping must move none."""
         if plan.span_steps:
             for r in self.ranks:
                 n = r.decode_n
@@ -439,21 +445,19 @@ class Scheduler:
                 r.decode_clock += steps
                 r.decode_ctx += steps * n
                 r.kv.grow((steps - 1) * n)
-                if r.kv.free < 0:
-                    r.kv.evict_until(0)
                 if r.next_finish is None or r.next_finish <= r.decode_clock:
-                    self._finish_decodes(r, outputs)
-            return outputs
+                    yield from self._finish_decodes(r)
+            return
         for r, rank_chunks, decoded in zip(self.ranks, plan.chunks, plan.decoding):
             if r.decode_n and decoded:
                 r.decode_clock += 1
                 r.decode_ctx += r.decode_n
                 if r.first_token_due:
                     for s in r.first_token_due:
-                        outputs.append(Report(EventKind.FIRST_TOKEN, s))
+                        yield Report(EventKind.FIRST_TOKEN, s)
                     r.first_token_due.clear()
                 if r.next_finish is None or r.next_finish <= r.decode_clock:
-                    self._finish_decodes(r, outputs)
+                    yield from self._finish_decodes(r)
             for s, c in rank_chunks:
                 if s.status is not _PREFILLING:
                     continue  # preempted since
@@ -461,29 +465,28 @@ class Scheduler:
                 s.prefilled += c
                 r.pending_prefill -= c
                 if s.computed == s.target:
-                    self._prefill_done(r, s, outputs)
-        return outputs
+                    yield from self._prefill_done(r, s)
 
-    def _prefill_done(self, r: Rank, s: SimRequest, outputs: list) -> None:
+    def _prefill_done(self, r: Rank, s: SimRequest) -> Iterator[Report | HandOff]:
         del r.prefilling[s.admit_seq]
-        outputs.append(Report(EventKind.PREFILL_END, s, s.prefilled))
+        yield Report(EventKind.PREFILL_END, s, s.prefilled)
         if s.leg is Leg.PREFILL:
             del r.running[s.admit_seq]
             r.kv.release(s.kv_held)
             r.kv.cache_prefix(s.trajectory_id, s.kv_held)
             s.kv_held = 0
-            outputs.append(HandOff(s))
+            yield HandOff(s)
             return
         generated = s.generated + 1          # the prefill step samples a token
         if s.generated == 0:
-            outputs.append(Report(EventKind.FIRST_TOKEN, s))
+            yield Report(EventKind.FIRST_TOKEN, s)
             if s.leg is Leg.FULL:
-                outputs.append(Report(EventKind.DECODE_START, s))
+                yield Report(EventKind.DECODE_START, s)
         self._join_decode(r, s, generated)
         if generated >= s.request.output_tokens:
-            self._finish_decodes(r, outputs)
+            yield from self._finish_decodes(r)
 
-    def _finish_decodes(self, r: Rank, outputs: list) -> None:
+    def _finish_decodes(self, r: Rank) -> Iterator[Report]:
         heap = r.finish_heap
         r.next_finish = None
         while heap and heap[0][0] <= r.decode_clock:
@@ -497,4 +500,4 @@ class Scheduler:
             del r.running[seq]
             s.status = _DONE
             r.kv.cache_prefix(s.request.trajectory_id, held)
-            outputs.append(Report(EventKind.DECODE_END, s, s.request.output_tokens))
+            yield Report(EventKind.DECODE_END, s, s.request.output_tokens)

@@ -116,7 +116,7 @@ def test_engine_bookkeeping_matches_the_queues_and_caches(small, case, monkeypat
                     if s.status is RequestStatus.DECODING and r.running.get(seq) is s]
             assert r.next_finish is None or r.next_finish == min(live, default=_NO_FINISH)
             assert r.kv.holders is ranks[0].kv.holders
-            assert r.kv.cache_tokens == sum(r.kv.cache.values())
+            assert r.kv.cache_tokens == sum(r.kv.cache.values()) and 0 <= r.kv.used <= r.kv.capacity
         assert ranks[0].kv.holders == holders
         checked.append(scheduler.engine_id)
         return schedule(scheduler)

@@ -27,12 +27,12 @@ class KVCacheManager:
     def free(self) -> int:
         return self.capacity - self.used - self.cache_tokens
 
-    def allocate(self, tokens: int, cached: int = 0) -> bool:
-        """Reserve `tokens` for a request of which `cached` are its own prefix, just taken out of the
-        cache (`take_prefix`): the rest must be free, after evicting other prefixes if need be. False,
-        and nothing reserved, when even an empty cache leaves too little. (The free-memory test is
-        written out: this runs for every rank in every step.)"""
-        if self.capacity - self.used - self.cache_tokens < tokens - cached and not self.evict_until(tokens - cached):
+    def allocate(self, tokens: int) -> bool:
+        """Reserve `tokens`, evicting prefixes if need be; False, and nothing reserved, when even an empty
+        cache leaves too little. A request that reuses its own cached prefix takes it out of the cache
+        first (`take_prefix`), which frees those tokens: they count once, in `tokens`. (The free-memory
+        test is written out: this runs for every rank in every step.)"""
+        if self.capacity - self.used - self.cache_tokens < tokens and not self.evict_until(tokens):
             return False
         self.used += tokens
         return True

@@ -266,7 +266,7 @@ class Scheduler:
             else:
                 need = s.target
                 local = min(hit, need - 1)
-            if not kv.allocate(need, cached=local):
+            if not kv.allocate(need):
                 if hit:
                     kv.put_back_prefix(tid, hit)
                 return

@@ -48,3 +48,26 @@ def size_level_correlation(groups: Iterable[Sequence[float]]) -> float | None:
         return None
     cov = float(((logs - logs.mean()) * (means - means.mean())).sum()) / (len(logs) - 1)
     return float(np.clip(cov / np.sqrt(var * shared), -1.0, 1.0))
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares, exactly, for the few coefficients of a step-time fit: the optimum is
+    the least-squares solution on its own support, so the best feasible one over every support is it
+    (2^k least-squares solves; k <= 12 here). Why: a plain least-squares fit of noisy step times can
+    make a coefficient negative (a step that gets faster with its batch), which the model then
+    extrapolates from."""
+    k = x.shape[1]
+    if k > 12:
+        raise ValueError(f"nnls: {k} coefficients; this exact solver is for a dozen at most")
+    best, best_res = np.zeros(k), float(np.sum(y ** 2))
+    for mask in range(1, 1 << k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        theta = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+        if (theta < 0).any():
+            continue
+        res = float(np.sum((y - x[:, cols] @ theta) ** 2))
+        if res < best_res - 1e-15 * max(best_res, 1.0):
+            full = np.zeros(k)
+            full[cols] = theta
+            best, best_res = full, res
+    return best

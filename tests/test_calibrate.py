@@ -182,3 +182,25 @@ def test_sim_overrides_come_from_the_profile(tmp_path):
     over = sim_overrides(str(path))
     assert over[0] == "backend=sim" and "cluster.kv_transfer_setup_s=0.05" in over
     assert f"cluster.profile={path}" in over and "cluster.cost_model=profiled" in over
+
+
+def test_nnls_known_answers():
+    """Exact non-negative least squares (harness.stats.nnls), computed by hand."""
+    from harness.stats import nnls
+    # y = 2 + 3x fits exactly: the non-negative solution is the least-squares one
+    x = np.column_stack([np.ones(4), np.arange(4.0)])
+    assert np.allclose(nnls(x, 2 + 3 * np.arange(4.0)), [2, 3])
+    # y = 5 - x: least squares gives a slope of -1; with the slope held at 0 the intercept is the mean
+    theta = nnls(x, 5 - np.arange(4.0))
+    assert np.allclose(theta, [3.5, 0.0])
+    # dropping the most negative least-squares coefficient and re-solving is not exact: here least
+    # squares makes all three negative, that shortcut ends at zero, and the optimum keeps the first
+    x = np.array([[-1.71, 0.34, 2.12], [-0.12, -0.35, 1.14], [0.37, 0.08, -0.84], [-0.31, -0.98, 0.62],
+                  [-0.62, -0.09, 0.65], [-0.27, -0.79, 0.15]])
+    y = np.array([-0.19, -0.57, 1.84, 1.33, 1.08, -0.45])
+    assert (np.linalg.lstsq(x, y, rcond=None)[0] < 0).all()
+    theta = nnls(x, y)
+    assert theta[0] > 0.03 and theta[1] == theta[2] == 0.0
+    assert np.sum((y - x @ theta) ** 2) < np.sum(y ** 2)
+    grid = np.linspace(0, 0.1, 101)
+    assert np.sum((y - x @ theta) ** 2) <= min(np.sum((y - x[:, 0] * a) ** 2) for a in grid) + 1e-12

@@ -48,6 +48,7 @@ from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.profiled import fit_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
+from harness.stats import nnls
 
 logger = logging.getLogger("harness.perf.calibrate")
 
@@ -157,19 +158,6 @@ def _features(ms: list[StepMeasurement], model: ModelSpec, gpu: GPUSpec, par: Pa
     return np.array(rows, dtype=np.float64)
 
 
-def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by an active set: drop the most negative coefficient and re-solve.
-    (numpy only: the harness has no scipy dependency.)"""
-    free = np.ones(x.shape[1], dtype=bool)
-    while True:
-        theta = np.zeros(x.shape[1])
-        if free.any():
-            theta[free] = np.linalg.lstsq(x[:, free], y, rcond=None)[0]
-        if (theta >= 0).all():
-            return theta
-        free[np.argmin(np.where(free, theta, np.inf))] = False
-
-
 def fit_roofline(measurements: list[StepMeasurement], model: ModelSpec, gpu: GPUSpec, par: Parallelism,
                  base: PerfConstants | None = None, max_iter: int = 100) -> RooflineFit:
     """Least-squares fit of the roofline's efficiencies and fixed overheads to measured step times.
@@ -197,7 +185,7 @@ def fit_roofline(measurements: list[StepMeasurement], model: ModelSpec, gpu: GPU
             break
         compute_bound = cb
         x = np.column_stack([f[:, 0] * cb, f[:, 1] * cb, f[:, 2] * ~cb, np.ones(len(y)), f[:, 3], f[:, 4]])
-        theta = _nnls(x / y[:, None], (y - f[:, 5]) / y)
+        theta = nnls(x / y[:, None], (y - f[:, 5]) / y)
     pred = np.maximum(theta[0] * f[:, 0] + theta[1] * f[:, 1], theta[2] * f[:, 2]) + f[:, 5] \
         + theta[3] + theta[4] * f[:, 3] + theta[5] * f[:, 4]
     rel = (pred - y) / y

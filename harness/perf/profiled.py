@@ -3,7 +3,8 @@
 The profile is JSON: {"prefill": [{"new_tokens", "cached_tokens", "seconds"}, ...],
 "decode": [{"batch", "context", "seconds"}, ...]}. Step time is fitted as DistServe's simulator
 does (DistServe's simulator; docs/references.md, section 1): prefill a + b*tokens + c*attention context, decode d + e*batch +
-f*summed context; a mixed step adds the prefill and decode terms to the larger intercept.
+f*summed context, every coefficient non-negative (harness.stats.nnls); a mixed step adds the prefill
+and decode terms to the larger intercept.
 Memory (KV capacity) still follows from the GPU and the model, as in the roofline model.
 """
 from __future__ import annotations
@@ -14,16 +15,17 @@ import numpy as np
 
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch, RooflineCostModel
+from harness.stats import nnls
 
 
 def fit_profile(profile: dict) -> dict[str, float]:
     pf = profile["prefill"]
     x = np.array([[1.0, r["new_tokens"], prefill_attn_ctx(r["new_tokens"], r["cached_tokens"])]
                   for r in pf])
-    a, b, c = np.linalg.lstsq(x, np.array([r["seconds"] for r in pf]), rcond=None)[0]
+    a, b, c = nnls(x, np.array([r["seconds"] for r in pf]))
     dc = profile["decode"]
     x = np.array([[1.0, r["batch"], r["batch"] * r["context"]] for r in dc])
-    d, e, f = np.linalg.lstsq(x, np.array([r["seconds"] for r in dc]), rcond=None)[0]
+    d, e, f = nnls(x, np.array([r["seconds"] for r in dc]))
     return {"prefill_base_s": a, "prefill_s_per_token": b, "prefill_s_per_attn_ctx": c,
             "decode_base_s": d, "decode_s_per_seq": e, "decode_s_per_ctx": f}
 

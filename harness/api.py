@@ -11,7 +11,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Callable, Protocol
+from typing import Callable, ClassVar, Protocol
 
 
 class Role(str, enum.Enum):
@@ -134,6 +134,13 @@ class ClusterView:
     def launched_roles(self) -> list[Role]:
         """Per engine, the role whose parallelism it runs with (its present role when not reported)."""
         return [e.launched_as or e.role for e in self.engines]
+
+    _generated: ClassVar[dict[int, int]] = {}   # a backend that knows sets its own (views are built per route)
+
+    def generated_tokens(self) -> dict[int, int]:
+        """Trajectory id -> output tokens its turn now decoding has generated so far, as a client that
+        streams the responses counts them ({} where the backend does not say)."""
+        return self._generated
 
 
 @dataclass(frozen=True)

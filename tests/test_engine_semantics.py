@@ -218,3 +218,18 @@ def test_switch_mechanisms_price(mechanism, end):
     assert launched == (Role.PREFILL if mechanism == "reshard" else Role.DECODE)
     again = UnitBackend(cluster, [Role.PREFILL, Role.DECODE], launched_as=[launched, Role.DECODE])
     assert again.engines[0].par == backend.engines[0].par and again.engines[0].role == Role.PREFILL
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_generated_tokens_as_a_streaming_client_counts_them(fast_forward):
+    """A (prompt 100, 50 tokens) alone: its prefill step ends at 0.1 s with its first token, then one
+    1 s decode step per token (one span when fast-forwarding). The view counts what has been generated
+    at any instant, inside a span too: 1 + 10 tokens at 10.6 s, 1 + 48 at 48.6 s; nothing once it ends."""
+    backend = UnitBackend(cluster_of(TWO_RANKS), [Role.COLOCATED], fast_forward=fast_forward)
+    backend.set_listener(lambda e: None, lambda r: None)
+    backend.submit(request(0, 100, 50), Route(0, 0))
+    seen = {}
+    for t in (0.05, 10.6, 48.6, 60.0):
+        backend.loop.at(t, lambda t=t: seen.__setitem__(t, backend.view().generated_tokens()), observer=True)
+    backend.run()
+    assert seen == {0.05: {}, 10.6: {0: 11}, 48.6: {0: 49}, 60.0: {}}

@@ -62,6 +62,11 @@ def test_generated_tokens_use_the_turns_that_decoded_beside_it():
     s.engine = 1
     assert t.generated(s, 40.0, default_tpot=0.1) == pytest.approx(300)
     assert t.censored(40.0, 0.1)["output_tokens"]["fam"] == [pytest.approx(300)]
+    # counted by the backend (a streaming client): the count, at the instant it was taken
+    t.count_generated(40.0, {2: 512})
+    assert t.generated(s, 40.0, default_tpot=0.1) == 512
+    assert t.censored(40.0, 0.1)["output_tokens"]["fam"] == [512]
+    assert t.generated(s, 41.0, default_tpot=0.1) == pytest.approx(310)   # later: estimated again
 
 
 def test_futures_of_hand_made_lifecycles_known_answer():

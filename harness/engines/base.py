@@ -78,6 +78,7 @@ class Leg:
     engine_id: int
     prompt_tokens: int
     output_tokens: int
+    trajectory_id: int = -1
     t_submit: float = math.nan
     t_first: float = math.nan
     t_done: float = math.nan
@@ -248,7 +249,9 @@ class HttpBackendBase:
                 kv_capacity_tokens=e.kv_capacity_tokens,
                 queued_kv_tokens=sum(g.prompt_tokens for g in waiting) + e.inbound_tokens,
                 inbound_requests=e.inbound, target_role=e.target_role, launched_as=self.launched[e.engine_id]))
-        return ClusterView(now=self.now(), engines=states)
+        view = ClusterView(now=self.now(), engines=states)
+        view._generated = {g.trajectory_id: g.generated for e in self.engines for g in e.legs if g.decoding}
+        return view
 
     def run(self) -> None:
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -343,7 +346,8 @@ class HttpBackendBase:
             pre.t_submit = self.now()
             return pre
         r = job.request
-        leg = Leg(kind, engine_id, r.prompt_tokens, 1 if kind == "prefill" else r.output_tokens, t_ready=t_ready)
+        leg = Leg(kind, engine_id, r.prompt_tokens, 1 if kind == "prefill" else r.output_tokens, r.trajectory_id,
+                  t_ready=t_ready)
         e = self.engines[engine_id]
         if kind == "decode" and job.inbound:
             job.inbound = False

@@ -142,6 +142,7 @@ class Prorsa:
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
         self.planner.whatif.completed = self.tracker.started - len(self.tracker.live)
+        self.tracker.count_generated(view.now, view.generated_tokens())
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
         if self.priority == "remaining_work":

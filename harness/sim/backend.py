@@ -376,6 +376,12 @@ class _SimView(ClusterView):
     _backend: SimBackend | None = None
     _gen = -1
 
+    def generated_tokens(self) -> dict[int, int]:
+        """Read from the engines when asked (building it for every routing call would cost a pass over
+        every running request)."""
+        b = self._backend
+        return {} if b is None else {tid: n for e in b.engines for tid, n in e.decoding(b.loop.now)}
+
     def with_role(self, role: Role) -> list[EngineState]:
         b = self._backend
         if b is None or b._gen != self._gen:

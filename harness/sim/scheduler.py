@@ -240,6 +240,13 @@ class Scheduler:
     def idle(self) -> bool:
         return all(not r.running and not r.waiting for r in self.ranks)
 
+    def decoding(self) -> Iterator[tuple[int, int]]:
+        """(trajectory id, output tokens generated as of the last step applied) of each request decoding."""
+        for r in self.ranks:
+            for s in r.running.values():
+                if s.status is _DECODING:
+                    yield s.request.trajectory_id, r.generated(s)
+
     def totals(self) -> tuple[int, int, int, int, int, int]:
         """Waiting requests, prefill tokens pending, running requests, decoding requests, KV tokens in
         use and KV tokens of waiting requests, over the ranks."""

@@ -22,7 +22,7 @@ for exp in drift heavy_prefill; do
   sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7
 done
 # Section 4 at seeds 1 and 2 (seed 0 above): colocation, Prorsa and every split, for the mean and spread
-# (swe and drift left out: tool-bound, every split within 3% of colocation; a swe Prorsa run takes minutes).
+# (swe async left out: a swe async Prorsa run takes over 15 min here, and its splits lie within 3%).
 for exp in search tooluse; do
   for mode in sync async; do
     extra=()
@@ -31,8 +31,12 @@ for exp in search tooluse; do
     sweep "$exp-$mode" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2 "${extra[@]}"
   done
 done
-sweep heavy_prefill +experiment=heavy_prefill policy=colocate,prorsa seed=1,2
-sweep heavy_prefill +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2
+for exp in heavy_prefill drift; do
+  sweep "$exp" +experiment=$exp policy=colocate,prorsa seed=1,2
+  sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2
+done
+sweep swe-sync +experiment=swe policy=colocate,prorsa seed=1,2
+sweep swe-sync +experiment=swe policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2
 # Claim 2b, stage-specific parallelism: the same 6P2D split with TP4 prefill engines vs DP4+EP4 ones.
 sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6
 sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6 \

@@ -34,7 +34,7 @@ from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for
 from harness.prorsa.tracker import LifecycleTracker, Phase
-from harness.prorsa.whatif import PREFILLED, ROUTED, FutureSampler, FutureTrajectory, FutureTurn, WhatIf
+from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import Balance, PrefixTracker, route_by_role
 from harness.sim.backend import nested_runs
 
@@ -303,12 +303,8 @@ class Prorsa:
             if s.phase == Phase.TOOL:
                 continue
             tokens = max(int(mean.get(s.family, self.run.priors[s.family].output_tokens.median)), 1)
-            futures.append(FutureTrajectory(s.trajectory_id, s.family, 0.0,
-                                            [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)],
-                                            self.prefix.decode_engine.get(s.trajectory_id),
-                                            self.prefix.prefill_engine.get(s.trajectory_id), in_progress=True,
-                                            route=self.routes.get(s.trajectory_id) if s.phase in ROUTED else None,
-                                            prefilled=s.phase in PREFILLED))
+            futures.append(FutureTrajectory.of_live(
+                s, 0.0, [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)], self.prefix, self.routes))
         return futures
 
     def _tpot(self) -> float:

@@ -29,7 +29,7 @@ import numpy as np
 
 from harness.api import EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.prorsa.tracker import LifecycleTracker, Phase
+from harness.prorsa.tracker import LifecycleTracker, Phase, TrajectoryState
 from harness.routing import Balance, PrefixTracker, route_by_role
 from harness.sim.backend import SimBackend
 
@@ -53,6 +53,16 @@ class FutureTrajectory:
     in_progress: bool = False           # its first turn is the one already under way (not an arrival)
     route: Route | None = None          # the engines the router sent that turn to (queued or running)
     prefilled: bool = False             # that turn's prefill is done (it decodes, or its KV is in transit)
+
+    @classmethod
+    def of_live(cls, s: TrajectoryState, ready_s: float, turns: list[FutureTurn], prefix: PrefixTracker,
+                routes: dict[int, Route]) -> FutureTrajectory:
+        """A live trajectory's future from its observed state: where its KV lives and, for a turn under
+        way, where the router sent it and whether its prefill is done."""
+        tid = s.trajectory_id
+        return cls(tid, s.family, ready_s, turns, prefix.decode_engine.get(tid), prefix.prefill_engine.get(tid),
+                   in_progress=s.phase != Phase.TOOL, route=routes.get(tid) if s.phase in ROUTED else None,
+                   prefilled=s.phase in PREFILLED)
 
 
 @dataclass
@@ -213,11 +223,7 @@ class FutureSampler:
                 later = self.later_turns(f, prompt + left, more, rng, level)
                 first = FutureTurn(prompt, max(cached, 0), left, draw(self.tool_latency[f], rng) if later else 0.0)
                 turns, ready = [first] + later, 0.0
-            tid = s.trajectory_id
-            futures.append(FutureTrajectory(tid, f, ready, turns, prefix.decode_engine.get(tid),
-                                            prefix.prefill_engine.get(tid), in_progress=s.phase != Phase.TOOL,
-                                            route=routes.get(tid) if s.phase in ROUTED else None,
-                                            prefilled=s.phase in PREFILLED))
+            futures.append(FutureTrajectory.of_live(s, ready, turns, prefix, routes))
         return futures
 
     def new(self, families: list[str], weights: list[float], count: int, first_id: int,

@@ -48,12 +48,11 @@ class KVCacheManager:
 
     def evict_until(self, need: int) -> bool:
         """Evict prefixes, oldest first, until `need` tokens are free; whether they are."""
-        cache = self.cache
-        while self.capacity - self.used - self.cache_tokens < need and cache:
-            tid, tokens = cache.popitem(last=False)
+        while self.free < need and self.cache:
+            tid, tokens = self.cache.popitem(last=False)
             self.cache_tokens -= tokens
             self._forget(tid)
-        return self.capacity - self.used - self.cache_tokens >= need
+        return self.free >= need
 
     def cache_prefix(self, trajectory_id: int, tokens: int) -> None:
         """A turn ended here: its context stays cached for the trajectory's next turn."""

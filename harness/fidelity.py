@@ -191,7 +191,11 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     """Real and simulated run of each policy (a run whose summary.json exists is kept), then `report`.
     `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile)."""
     from harness.experiment import run_experiment
-    from harness.perf.calibrate import compose_config
+    from harness.perf.calibrate import compose_config, machine_mismatch, read_profile
+    mismatch = machine_mismatch(read_profile(profile))
+    if mismatch:
+        log.warning("profile %s may not hold on this machine: %s; calibrate here first "
+                    "(calibrate=quick or calibrate=full)", profile, mismatch)
     names = []
     for spec in policies:
         p, pol = policy_overrides(spec)
@@ -212,25 +216,41 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
 
 USAGE = """usage: python -m harness.fidelity profile=FILE [policies=P,P,...] [out=DIR] [seed=N] [real_from=DIR]
                                    [HYDRA OVERRIDES ...]
+       python -m harness.fidelity calibrate=quick|full [policies=...] [out=DIR] [seed=N] [HYDRA OVERRIDES ...]
        python -m harness.fidelity compare=DIR [policies=...] [real_from=DIR]
 Runs each policy on the real backend and on the simulator with the calibrated profile, then compares
-them (module docstring: harness/fidelity.py)."""
+them; with calibrate=GRID it first profiles the engines on this machine (harness.perf.calibrate, written
+to OUT/profile.json) and compares with that (module docstring: harness/fidelity.py)."""
 
 
 def _main(argv: list[str]) -> None:
     own, rest = split_args(argv, {"profile": "", "policies": ",".join(POLICIES), "out": "results/fidelity/run",
-                                  "compare": "", "seed": "0", "real_from": ""}, USAGE)
+                                  "compare": "", "seed": "0", "real_from": "", "calibrate": ""}, USAGE)
     real_from = Path(own["real_from"]) if own["real_from"] else None
     if own["compare"]:
         d = Path(own["compare"])
         report(d, [p for p in (policy_overrides(s)[0] for s in own["policies"].split(",")) if (d / p).exists()],
                real_from)
         return
-    if not own["profile"]:
-        raise ValueError("profile=FILE is required (python -m harness.perf.calibrate writes one)")
+    from harness.perf.calibrate import GRIDS, calibrate
+    if own["calibrate"] and own["calibrate"] not in GRIDS:
+        raise ValueError(f"calibrate={own['calibrate']!r} is invalid; allowed: {', '.join(GRIDS)}")
+    if own["calibrate"] and own["profile"]:
+        raise ValueError(f"profile={own['profile']!r} is invalid with calibrate=: the comparison uses the "
+                         "profile measured here; give one of them")
+    if not own["profile"] and not own["calibrate"]:
+        raise ValueError("profile=FILE or calibrate=GRID is required (python -m harness.perf.calibrate writes "
+                         f"a profile; calibrate= measures one here first; allowed grids: {', '.join(GRIDS)})")
     if not own["seed"].isdigit():
         raise ValueError(f"seed={own['seed']!r} is invalid; allowed: an integer >= 0")
-    run(own["profile"], own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]), real_from)
+    profile = own["profile"]
+    if own["calibrate"]:
+        profile = str(Path(own["out"]) / "profile.json")
+        if Path(profile).exists():
+            log.info("%s: measured before, kept", profile)
+        else:
+            calibrate(rest, profile, GRIDS[own["calibrate"]])
+    run(profile, own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]), real_from)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -257,7 +257,9 @@ def test_same_as_a_process_of_its_own(tmp_path, cid):
 # The key=value tools (harness/cli.py): (module, arguments, what stderr must hold). Each stops before
 # any engine is started or file written, with exit status 2.
 TOOL_CASES = [
-    ("harness.fidelity", [], "profile=FILE is required"),
+    ("harness.fidelity", [], "profile=FILE or calibrate=GRID is required"),
+    ("harness.fidelity", ["calibrate=huge"], "calibrate='huge' is invalid; allowed: full, quick"),
+    ("harness.fidelity", ["calibrate=quick", "profile=p.json"], "profile='p.json' is invalid with calibrate="),
     ("harness.fidelity", ["profile=p.json", "seed=x"], "seed='x' is invalid; allowed: an integer >= 0"),
     ("harness.perf.calibrate", ["grid=huge"], "grid='huge' is invalid; allowed: full, quick"),
     ("harness.perf.calibrate", ["engines=0"], "engines='0' is invalid; allowed: an integer >= 1"),

@@ -204,3 +204,16 @@ def test_nnls_known_answers():
     assert np.sum((y - x @ theta) ** 2) < np.sum(y ** 2)
     grid = np.linspace(0, 0.1, 101)
     assert np.sum((y - x @ theta) ** 2) <= min(np.sum((y - x[:, 0] * a) ** 2) for a in grid) + 1e-12
+
+
+def test_profile_records_its_machine_and_a_mismatch_is_named():
+    """A profile measured on another CPU (or core count) is named as such; one measured here is not;
+    one from before profiles recorded their machine says so."""
+    from harness.perf.calibrate import machine_mismatch, this_machine
+    here = this_machine()
+    assert here["cpu"] and here["cores"] >= 1
+    assert machine_mismatch({"meta": {"machine": dict(here)}}, here) is None
+    other = {**here, "cpu": "Some Other CPU", "cores": here["cores"] + 2}
+    why = machine_mismatch({"meta": {"machine": other}}, here)
+    assert "'Some Other CPU' there" in why and f"cores {here['cores'] + 2} there" in why
+    assert "records no machine" in machine_mismatch({"meta": {}}, here)

@@ -33,6 +33,8 @@ import asyncio
 import json
 import logging
 import math
+import os
+import platform
 import random
 import shutil
 import statistics
@@ -103,6 +105,30 @@ def profile_from_measurements(ms: list[StepMeasurement], meta: dict | None = Non
         else:
             p["decode"].append({"batch": m.decode_batch, "context": m.decode_context, "seconds": m.seconds})
     return p
+
+
+def this_machine() -> dict:
+    """What a profile's step times depend on besides the engine flags: the CPU model and core count (a
+    CPU engine) and the system. A profile records it, and a comparison on another machine warns: the
+    same profile gave -9% rollout-time error on the machine it was measured on and +29% on another
+    of the same kind."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "system": f"{platform.system()} {platform.machine()}"}
+
+
+def machine_mismatch(profile: dict, here: dict | None = None) -> str | None:
+    """Why a profile's times may not hold on this machine (None when it was measured on one like it)."""
+    here = here or this_machine()
+    there = (profile.get("meta") or {}).get("machine")
+    if not there:
+        return "it records no machine (measured before profiles recorded one)"
+    differ = [f"{k} {there.get(k)!r} there, {here[k]!r} here" for k in ("cpu", "cores") if there.get(k) != here[k]]
+    return "; ".join(differ) or None
 
 
 def write_profile(path: str | Path, profile: dict) -> None:
@@ -561,7 +587,7 @@ def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, cont
         ray.shutdown()
     meta = {"backend": bcfg["name"], "cluster": cluster.name, "model": cluster.model.name,
             "gpu": cluster.gpu.name, "dtype": bcfg.get("dtype"), "engines": engines, "grid": asdict(grid),
-            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]}
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], "machine": this_machine()}
     if q is not None:
         path = Path(out).with_name(Path(out).stem + "_contended.json")
         finish_profile(q, cluster, str(path), {**meta, "contended": True})

@@ -217,3 +217,14 @@ def test_profile_records_its_machine_and_a_mismatch_is_named():
     why = machine_mismatch({"meta": {"machine": other}}, here)
     assert "'Some Other CPU' there" in why and f"cores {here['cores'] + 2} there" in why
     assert "records no machine" in machine_mismatch({"meta": {}}, here)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fidelity_workload_is_big_enough(seed):
+    """The fidelity workload: at least 32 trajectories and 150 turns, multi-turn with tool calls."""
+    from hydra.utils import instantiate
+    from tests.conftest import load_config
+    cfg = load_config(["+experiment=vllm_cpu_fidelity", f"seed={seed}"])
+    scripts = instantiate(cfg.workload, seed=seed).batch(0)
+    assert len(scripts) >= 32 and sum(len(s.turns) for s in scripts) >= 150
+    assert cfg.backend.name == "vllm_cpu" and cfg.mode.num_steps == 1

@@ -154,21 +154,39 @@ class ServerProcess:
 
 
 class EnginePool:
-    """One server per engine; `use_ray` places each in a Ray actor (one CPU core or GPUs each)."""
+    """One server per engine; `use_ray` places each in a Ray actor (one CPU core or GPUs each).
 
-    def __init__(self, specs: list[ServerSpec], use_ray: bool = True, ray_address: str | None = None):
+    With Ray, the engines' resources are reserved together first, in one placement group with a bundle
+    per engine (an engine's GPUs on one node): a cluster that cannot hold them all fails before any
+    server starts, naming what was asked, instead of leaving some engines up and the rest waiting."""
+
+    def __init__(self, specs: list[ServerSpec], use_ray: bool = True, ray_address: str | None = None,
+                 placement_timeout_s: float = 60.0):
         self.specs = specs
         self.use_ray = use_ray
         self.urls: list[str] = []
+        self.placement = None
         if use_ray:
             import ray
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
             if not ray.is_initialized():
                 ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
                          num_cpus=None if ray_address else max(len(specs), os.cpu_count() or 1),
                          configure_logging=False)
+            bundles = [{"CPU": s.num_cpus, **({"GPU": s.num_gpus} if s.num_gpus else {})} for s in specs]
+            self.placement = placement_group(bundles, strategy="PACK")
+            ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
+            if not ready:
+                ray.util.remove_placement_group(self.placement)
+                self.placement = None
+                raise ValueError(f"Ray cannot place {len(specs)} engines (one bundle each: {bundles[0]}) within "
+                                 f"{placement_timeout_s:.0f} s; the cluster has {ray.cluster_resources()}")
             actor = ray.remote(ServerProcess)
-            self.servers = [actor.options(num_cpus=s.num_cpus, num_gpus=s.num_gpus, max_concurrency=4,
-                                          name=None).remote(s) for s in specs]
+            self.servers = [actor.options(num_cpus=s.num_cpus, num_gpus=s.num_gpus, max_concurrency=4, name=None,
+                                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                              self.placement, placement_group_bundle_index=i)).remote(s)
+                            for i, s in enumerate(specs)]
         else:
             self.servers = [ServerProcess(s) for s in specs]
 
@@ -223,4 +241,7 @@ class EnginePool:
             import ray
             for s in self.servers:
                 ray.kill(s)
+            if self.placement is not None:
+                ray.util.remove_placement_group(self.placement)
+                self.placement = None
         self.servers = []

@@ -30,7 +30,8 @@ from harness.cli import run_tool, split_args
 
 log = logging.getLogger("harness.fidelity")
 
-POLICIES = ("colocate", "fixed_pd", "prorsa")
+# The default comparison: the fidelity experiments run two servers, so the one split is 1P1D.
+POLICIES = ("colocate", "fixed_pd:num_prefill=1", "prorsa")
 TIMELINE_POINTS = 1000   # samples of the normalised time axis for the role comparison
 
 

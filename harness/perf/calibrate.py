@@ -266,21 +266,22 @@ def fit_kv_transfer(rows: list[dict], kv_bytes_per_token: float, nic_bw: float) 
 class Grid:
     """Points to measure. Sources: sizes span the search workload's turns (configs/workload/search.yaml,
     vllm_cpu_search: prompts up to ~2k tokens, outputs <= 48) within max_model_len 4096; batches up to
-    the 6 trajectories that run at once there (batch 3 x group 2)."""
+    the 32 trajectories that run at once in vllm_cpu_fidelity (16 x 2), so the fit does not extrapolate
+    the batch (with decode batches up to 4 the quick grid's mixed steps were fitted 53% off)."""
 
     prefill_new: tuple[int, ...] = (32, 128, 256, 512, 1024, 2048)
     prefill_cached: tuple[int, ...] = (0, 512, 1536)
-    decode_batch: tuple[int, ...] = (1, 2, 4, 8)
+    decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     decode_context: tuple[int, ...] = (128, 512, 1536)
     decode_tokens: int = 32
-    mixed: tuple[tuple[int, int], ...] = ((2, 256), (4, 1024), (2, 1024))   # (decode batch, prefill tokens)
+    mixed: tuple[tuple[int, int], ...] = ((2, 256), (4, 1024), (2, 1024), (16, 512))   # (decode batch, prefill tokens)
     kv_tokens: tuple[int, ...] = (256, 1024, 2048)
     repeats: int = 3
 
 
 GRIDS = {"full": Grid(),
-         "quick": Grid(prefill_new=(64, 512, 1536), prefill_cached=(0, 1024), decode_batch=(1, 4),
-                       decode_context=(256, 1024), mixed=((2, 512),), kv_tokens=(512, 1536), repeats=1)}
+         "quick": Grid(prefill_new=(64, 512, 1536), prefill_cached=(0, 1024), decode_batch=(1, 4, 16, 32),
+                       decode_context=(256, 1024), mixed=((2, 512), (16, 512)), kv_tokens=(512, 1536), repeats=1)}
 
 
 class EngineClient:

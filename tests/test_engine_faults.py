@@ -93,7 +93,13 @@ def test_twenty_random_kills(pool):
     check_returned_and_retried(backend)
     assert summary["detected"] == KILLS and summary["recovered"] == KILLS
     assert all(f.legs_in_flight > 0 for f in faults)
-    assert sum(e.restarts for e in backend.engines) == KILLS
+    # Every kill restarts its engine. A kill of the prefill engine while the decode engine pulls that
+    # turn's KV breaks the decode engine's response too, and the backend then restarts it as well
+    # (measured: 22 restarts for 20 kills on a machine where a restart took about twice as long); an
+    # extra restart is wasted time, not lost work. Each restart follows a failure the backend recorded.
+    restarts = sum(e.restarts for e in backend.engines)
+    assert KILLS <= restarts <= 2 * KILLS
+    assert restarts == sum(1 for f in backend.failures if f["engine_id"] >= 0)
     assert all(e.available for e in backend.engines) and all(pool.healthy(i) for i in range(len(backend.engines)))
     # lifecycle order within each turn
     assert (df.t_ready <= df.t_prefill_start).all() and (df.t_prefill_end <= df.t_decode_end).all()

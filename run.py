@@ -17,11 +17,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from harness import schema
 from harness.experiment import (EXIT_LOGGER_FAILED, is_complete, is_config_error, job_lock, record_failure,
                                run_experiment)
 from harness.report import print_summary
 
 log = logging.getLogger("run")
+schema.register()   # the groups' schemas in Hydra's ConfigStore (schema/<group>/<name>); checked per job
 
 
 @hydra.main(config_path="configs", config_name="config", version_base=None)

@@ -54,9 +54,6 @@ class OraclePD:
 
     def __init__(self, control_interval_s: float = 2.0, decision_interval_s: float = 20.0,
                  allow_colocated: bool = True, name: str = "oracle_pd"):
-        for key, v in (("control_interval_s", control_interval_s), ("decision_interval_s", decision_interval_s)):
-            if not v > 0:
-                raise ValueError(f"policy.{key}={v} is invalid; allowed: a number > 0")
         self.name = name
         self.control_interval_s = control_interval_s
         self.decision_interval_s = decision_interval_s

@@ -267,13 +267,6 @@ class Pearl:
 
     def __init__(self, control_interval_s: float = 0.5, hysteresis: float = 0.1, turn_overhead_s: float = 0.0,
                  min_fit_points: int = 32):
-        if not (isinstance(control_interval_s, (int, float)) and control_interval_s > 0):
-            raise ValueError(f"policy.control_interval_s={control_interval_s!r} is invalid; allowed: a number > 0")
-        for key, v in (("hysteresis", hysteresis), ("turn_overhead_s", turn_overhead_s)):
-            if not (isinstance(v, (int, float)) and v >= 0):
-                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number >= 0")
-        if not (isinstance(min_fit_points, int) and min_fit_points >= 2):
-            raise ValueError(f"policy.min_fit_points={min_fit_points!r} is invalid; allowed: an integer >= 2")
         self.control_interval_s = control_interval_s
         self.hysteresis, self.turn_overhead_s, self.min_fit_points = hysteresis, turn_overhead_s, min_fit_points
         self.prefix = PrefixTracker()

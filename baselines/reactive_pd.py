@@ -24,9 +24,8 @@ class ReactivePD:
             raise ValueError(f"policy.decode_kv_low={decode_kv_low}, policy.decode_kv_high={decode_kv_high} "
                              "are invalid; allowed: 0 < decode_kv_low <= decode_kv_high <= 1")
         if prefill_queue_low > prefill_queue_high:
-            raise ValueError("policy.prefill_queue_low must be <= policy.prefill_queue_high")
-        if not (isinstance(min_dwell_s, (int, float)) and min_dwell_s >= 0):
-            raise ValueError(f"policy.min_dwell_s={min_dwell_s!r} is invalid; allowed: a number >= 0")
+            raise ValueError(f"policy.prefill_queue_low={prefill_queue_low} is invalid; allowed: <= "
+                             f"policy.prefill_queue_high ({prefill_queue_high})")
         self.num_prefill = num_prefill
         self.control_interval_s = control_interval_s
         self.q_high, self.q_low = prefill_queue_high, prefill_queue_low

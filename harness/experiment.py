@@ -23,26 +23,26 @@ from collections import Counter
 from operator import attrgetter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from baselines.oracle_pd import HoldRoles, OraclePD
 from harness.api import Role, RunInfo
-from harness.cluster import ClusterConfig, cluster_from_config, is_int, is_number
+from harness import schema
+from harness.cluster import ClusterConfig, cluster_from_config, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
 from harness.routing import Balance, PrefixTracker
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
-from harness.wandb_logger import RESULT_FILES, logger_config, make_logger
+from harness.wandb_logger import RESULT_FILES
 from workloads.base import Workload
 
 SUMMARY = "summary.json"
@@ -56,18 +56,10 @@ EXIT_LOGGER_FAILED = 3
 
 
 def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
-    name = cfg.backend.name
-    if name == "sim":
-        from harness.sim.backend import SimBackend
-        return SimBackend(cluster, roles, fast_forward=bool(cfg.backend.fast_forward))
-    if name in ("vllm_cpu", "vllm"):
-        from harness.engines.vllm import VllmBackend
-        return VllmBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster, roles,
-                                       seed=int(cfg.seed))
-    if name == "sglang":
-        from harness.engines.sglang import SGLangBackend
-        return SGLangBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster, roles)
-    raise ValueError(f"backend.name={name!r} is not available; allowed: sim, vllm_cpu, vllm, sglang")
+    """The backend `cfg.backend._target_` names, built for `cluster` with the policy's initial `roles`
+    (each factory takes the cluster, the roles, the seed and the backend group's keys)."""
+    keys = OmegaConf.to_container(cfg.backend, resolve=True)
+    return get_method(keys.pop("_target_"))(cluster, roles, seed=int(cfg.seed), **keys)
 
 
 def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
@@ -88,9 +80,9 @@ def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):
     """The rollout `cfg` describes, run in-process with nothing written or logged (tests, scripts):
     the driver's result and the backend. `policy` replaces the configured one."""
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = policy or instantiate(cfg.policy)
+    mode = mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))
+    workload = instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
+    policy = policy or instantiate_checked(cfg.policy, "policy")
     backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
     return RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run(), backend
 
@@ -151,10 +143,11 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     out.mkdir(parents=True, exist_ok=True)
     (out / ERROR).unlink(missing_ok=True)   # a new attempt replaces an old failure
     # Everything is validated before anything is simulated or logged.
-    check_top_level(cfg)
+    schema.check(OmegaConf.to_container(cfg, resolve=True), schema.RunSchema, "")
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))
-    logger_cfg = logger_config(OmegaConf.to_container(cfg.logger, resolve=True))
+    logger_cfg = instantiate_checked(cfg.logger, "logger")
+    checked(cfg.backend, "backend")
     workload = instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
     policy = instantiate_checked(cfg.policy, "policy")
     interval = getattr(policy, "control_interval_s", None)   # the driver ticks the policy at this interval
@@ -174,7 +167,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     (out / SUMMARY).unlink(missing_ok=True)
     for tmp in out.glob("*.tmp"):
         tmp.unlink(missing_ok=True)
-    logger = make_logger(logger_cfg, OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
+    logger = logger_cfg.make(OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
     progress = ProgressPrinter(progress_label(policy, workload, mode, cluster, cfg.seed), float(cfg.progress_interval_s),
                                per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
     sampler.listeners += [logger.log_sample, progress]
@@ -206,57 +199,38 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     return summary
 
 
-# The keys of configs/config.yaml: an added top-level key (`+foo=1`) would be ignored, so it is rejected.
-TOP_LEVEL_KEYS = ("policy", "workload", "cluster", "mode", "backend", "logger", "seed", "sample_interval_s",
-                  "progress_interval_s")
-
-
-def check_top_level(cfg: DictConfig) -> None:
-    for key in cfg:
-        if key not in TOP_LEVEL_KEYS:
-            raise ValueError(f"{key}={cfg[key]!r} is invalid; allowed: one of {', '.join(TOP_LEVEL_KEYS)}")
-    if not (is_int(cfg.seed) and cfg.seed >= 0):
-        raise ValueError(f"seed={cfg.seed!r} is invalid; allowed: an integer >= 0")
-    if not (is_number(cfg.sample_interval_s) and cfg.sample_interval_s > 0):
-        raise ValueError(f"sample_interval_s={cfg.sample_interval_s!r} is invalid; allowed: a number > 0")
-    if not (is_number(cfg.progress_interval_s) and cfg.progress_interval_s >= 0):
-        raise ValueError(f"progress_interval_s={cfg.progress_interval_s!r} is invalid; allowed: a number >= 0 "
-                         "(0: a line every sample)")
-    names = ("sim", "vllm_cpu", "vllm", "sglang")
-    if cfg.backend.get("name") not in names:
-        raise ValueError(f"backend.name={cfg.backend.get('name')!r} is not available; allowed: {', '.join(names)}")
-    if cfg.backend.name == "sim" and not isinstance(cfg.backend.get("fast_forward"), bool):
-        raise ValueError(f"backend.fast_forward={cfg.backend.get('fast_forward')!r} is invalid; allowed: true, false")
-
-
 def mode_from_config(c: dict) -> ModeConfig:
-    known = {f.name for f in fields(ModeConfig)}
-    for key, value in c.items():
-        if key not in known:
-            raise ValueError(f"mode.{key}={value!r} is invalid; allowed: one of {', '.join(sorted(known))}")
-    for key, low in (("num_steps", 1), ("max_in_flight", 0), ("staleness", 0)):
-        if key in c and not is_int(c[key]):
-            raise ValueError(f"mode.{key}={c[key]!r} is invalid; allowed: an integer >= {low}")
+    schema.check(c, schema.ModeSchema, "mode")
+    if c["name"] == "async" and "max_in_flight" not in c:
+        raise ValueError("mode.max_in_flight=None is invalid; allowed: an integer >= 1 (async runs need it)")
     return ModeConfig(**c)
 
 
-def instantiate_checked(node: DictConfig, group: str, **kwargs):
-    """hydra's instantiate, with a key the target does not take named like any other bad key (Hydra
-    would report a TypeError from inside the call)."""
-    target = node.get("_target_")
-    if target is None:
+def checked(node: DictConfig, group: str) -> dict:
+    """The group's keys (resolved), checked against the schema of its `_target_` (harness/schema.py);
+    a `_target_` with no schema (a user's own class) against the keys its signature takes."""
+    if node.get("_target_") is None:
         raise ValueError(f"{group}._target_=None is invalid; allowed: a class path (configs/{group}/*.yaml)")
+    keys = OmegaConf.to_container(node, resolve=True)
+    if schema.check_group(group, keys):
+        return keys
+    target = keys["_target_"]
     try:
-        params = inspect.signature(get_class(target)).parameters
+        params = inspect.signature(get_method(target)).parameters
     except Exception as exc:   # an unknown class path: Hydra's message names it
         raise ValueError(f"{group}._target_={target!r} is invalid; allowed: an importable class ({exc})") from None
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        for key in node:
+        for key, value in keys.items():
             if not key.startswith("_") and key not in allowed:
-                value = OmegaConf.to_container(node)[key]
                 raise ValueError(f"{group}.{key}={value!r} is invalid; allowed: one of {', '.join(allowed)}"
                                  if allowed else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
+    return keys
+
+
+def instantiate_checked(node: DictConfig, group: str, **kwargs):
+    """hydra's instantiate of a group's `_target_`, after its keys are checked (`checked`)."""
+    checked(node, group)
     return instantiate(node, **kwargs)
 
 

@@ -7,21 +7,20 @@ network unless `logger.mode=online` is asked for (with WANDB_API_KEY in the envi
 So W&B failing (its directory not writable, wandb.init raising, the service dying mid-run) never costs
 a result: `GuardedLogger` turns the first failure into a warning, stops logging for the rest of the
 run and keeps the message (`failure`) for summary.json and the exit status. A wrong `logger.*` value is
-a config error like any other and stops the run before it starts (`logger_config`).
+a config error like any other and stops the run before it starts (harness/schema.py).
 """
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from harness.timeseries import Sample
 
 RESULT_FILES = ("lifecycle.parquet", "engines.parquet", "timeseries.parquet")
-MODES = ("offline", "online", "disabled")
 PROJECT = "prorsa-harness"      # the default W&B project of runs and reports
 log = logging.getLogger(__name__)
 
@@ -48,8 +47,19 @@ class NoLogger:
 
 
 @dataclass(frozen=True)
+class NoLoggerConfig:
+    """`logger=none` (configs/logger/none.yaml's `_target_`)."""
+    name: str = "none"
+
+    def make(self, config: dict, out_dir: Path, run_name: str, group: str | None) -> NoLogger:
+        return NoLogger()
+
+
+@dataclass(frozen=True)
 class WandbConfig:
-    name: str
+    """`logger=wandb` (configs/logger/wandb.yaml's `_target_`; its keys are checked by
+    harness/schema.py WandbLoggerSchema before the run starts)."""
+    name: str = "wandb"
     mode: str = "offline"
     project: str = PROJECT
     entity: str | None = None
@@ -58,20 +68,9 @@ class WandbConfig:
     tables: bool = True             # lifecycle and engine timeline as wandb.Table
     max_table_rows: int = 20000     # a larger table is left to the parquet artifact (~0.5 s per 1,000 rows)
 
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"logger.mode={self.mode!r} is invalid; allowed: {', '.join(MODES)}")
-        if not (isinstance(self.project, str) and self.project):
-            raise ValueError(f"logger.project={self.project!r} is invalid; allowed: a non-empty string")
-        for key in ("entity", "group"):
-            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
-                raise ValueError(f"logger.{key}={getattr(self, key)!r} is invalid; allowed: a string or null")
-        if not (isinstance(self.tags, (list, tuple)) and all(isinstance(t, str) for t in self.tags)):
-            raise ValueError(f"logger.tags={self.tags!r} is invalid; allowed: a list of strings")
-        if not isinstance(self.tables, bool):
-            raise ValueError(f"logger.tables={self.tables!r} is invalid; allowed: true, false")
-        if isinstance(self.max_table_rows, bool) or not (isinstance(self.max_table_rows, int) and self.max_table_rows >= 0):
-            raise ValueError(f"logger.max_table_rows={self.max_table_rows!r} is invalid; allowed: an integer >= 0")
+    def make(self, config: dict, out_dir: Path, run_name: str, group: str | None) -> GuardedLogger:
+        """The run's logger: W&B behind a guard, so that a W&B failure never costs a result."""
+        return GuardedLogger(lambda: WandbLogger(self, config, out_dir, run_name, group))
 
 
 class WandbLogger:
@@ -157,24 +156,3 @@ class GuardedLogger:
     def finish(self, failed: bool) -> None:
         if self.logger is not None:
             self._call("finish", self.logger.finish, failed)
-
-
-def logger_config(logger_cfg: dict) -> WandbConfig | None:
-    """The validated `logger` group: None for `logger=none`."""
-    name = logger_cfg.get("name")
-    if name == "none":
-        return None
-    if name == "wandb":
-        known = {f.name for f in fields(WandbConfig)}
-        for key, value in logger_cfg.items():
-            if key not in known:
-                raise ValueError(f"logger.{key}={value!r} is invalid; allowed: one of {', '.join(sorted(known))}")
-        return WandbConfig(**logger_cfg)
-    raise ValueError(f"logger.name={name!r} is invalid; allowed: none, wandb")
-
-
-def make_logger(cfg: WandbConfig | None, config: dict, out_dir: Path, run_name: str,
-                group: str | None) -> NoLogger | GuardedLogger:
-    if cfg is None:
-        return NoLogger()
-    return GuardedLogger(lambda: WandbLogger(cfg, config, out_dir, run_name, group))

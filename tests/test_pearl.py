@@ -8,7 +8,8 @@ from baselines.pearl import COLOCATED, DecodeFit, MakespanModel, Pearl, choose
 from harness.api import ClusterView, EngineState, FamilyPriors, LogNormalPrior, Role, RunInfo
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
-from tests.conftest import SMALL, cluster_of, simulate
+from harness.experiment import checked
+from tests.conftest import SMALL, cluster_of, load_config, simulate
 
 HAND = MakespanModel(engines=4, batch=8, turns=3, new_tokens=100, output_tokens=10, gen_fraction=0.5, env_s=6.0,
                      overhead_s=0.1, kv_bytes_per_token=1000, link_bw=1e6, kv_per_seq=50, kv_per_decode_engine=200,
@@ -157,9 +158,8 @@ def test_end_to_end_completes_every_trajectory(mode):
 
 
 def test_invalid_values_name_the_key():
-    with pytest.raises(ValueError, match=r"policy.hysteresis=-1 is invalid; allowed: a number >= 0"):
-        Pearl(hysteresis=-1)
-    with pytest.raises(ValueError, match=r"policy.min_fit_points=1 is invalid"):
-        Pearl(min_fit_points=1)
-    with pytest.raises(ValueError, match=r"policy.control_interval_s=0 is invalid"):
-        Pearl(control_interval_s=0)
+    for override, message in (("policy.hysteresis=-1", r"policy.hysteresis=-1 is invalid; allowed: a number >= 0"),
+                              ("policy.min_fit_points=1", r"policy.min_fit_points=1 is invalid; allowed: an integer >= 2"),
+                              ("policy.control_interval_s=0", r"policy.control_interval_s=0 is invalid")):
+        with pytest.raises(ValueError, match=message):
+            checked(load_config(["policy=pearl", override]).policy, "policy")

@@ -692,8 +692,9 @@ def test_remaining_work_priority_known_answer():
     left = policy._work_left["fam"]
     assert left[:5] == pytest.approx([5 * per_turn, 4 * per_turn, 3 * per_turn, 2 * per_turn, per_turn])
     assert left[7] == pytest.approx(per_turn)        # past every sampled length: this turn only
+    from harness.experiment import checked
     with pytest.raises(ValueError, match="policy.priority='lpt' is invalid; allowed: fcfs, remaining_work"):
-        Prorsa(priority="lpt")
+        checked(load_config(["policy=prorsa", "policy.priority=lpt"]).policy, "policy")
 
 
 @pytest.mark.parametrize("mix_forecast, families", [("schedule", ["a", "a", "b", "b", "b", "b"]),

@@ -182,7 +182,7 @@ def test_vllm_refuses_another_switch_mechanism(preset, mechanism):
                                          ".*allowed: kv_both"):
         vllm_switch_wait_s(cluster)
     with pytest.raises(ValueError, match="cluster.switch_mechanism"):     # before any server starts
-        VllmBackend.from_config(vllm_cfg(), cluster, [Role.COLOCATED] * cluster.num_engines)
+        VllmBackend.from_config(cluster, [Role.COLOCATED] * cluster.num_engines, **vllm_cfg())
 
 
 def test_vllm_refuses_sglang_step_semantics():
@@ -210,7 +210,7 @@ def test_sglang_cluster_checks():
                                          r".* decode=\{tp: 1, dp: 4, ep: true\}"):
         check_sglang_cluster(cluster_of(["cluster=moe_h200_sglang", "cluster.switch_mechanism=drain"]))
     with pytest.raises(ValueError, match="cluster.engine"):                                # before any server starts
-        SGLangBackend.from_config(sglang_cfg(), cluster_of(["cluster=moe_h200"]), [Role.PREFILL] * 8)
+        SGLangBackend.from_config(cluster_of(["cluster=moe_h200"]), [Role.PREFILL] * 8, **sglang_cfg())
 
 
 def test_sglang_reshard_relaunches_only_when_the_parallelism_changes():

@@ -124,7 +124,7 @@ def test_sglang_backend_against_stub(stub):
     from omegaconf import OmegaConf
 
     from harness.cluster import cluster_from_config
-    from harness.experiment import lifecycle_frame, run_info
+    from harness.experiment import build_backend, lifecycle_frame, run_info
     from harness.rollout import ModeConfig, RolloutDriver
 
     cfg = load_config(["backend=sglang", "cluster=cpu_small", "cluster.num_engines=3", "cluster.engine=sglang",
@@ -138,8 +138,7 @@ def test_sglang_backend_against_stub(stub):
     workload = instantiate(cfg.workload, seed=0)
     policy = SwitchAt([Role.PREFILL, Role.DECODE, Role.DECODE], {1: Role.PREFILL}, at_s=0.3,
                       control_interval_s=0.05)
-    backend = SGLangBackend.from_config(OmegaConf.to_container(cfg.backend, resolve=True), cluster,
-                                        policy.initial_roles(cluster, run_info(mode, workload)))
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
     driver = RolloutDriver(workload, policy, backend, mode, keep_events=True)
     result = driver.run()
     df = lifecycle_frame(result)

@@ -57,6 +57,20 @@ def test_failed_job_reported_others_run_and_rerun_skips_complete(tmp_path):
     assert json.loads((good / "summary.json").read_text())["config_hash"] != "stale"
 
 
+def test_a_type_error_fails_its_job_only(tmp_path):
+    """The schemas are checked inside each job (harness/schema.py), not while Hydra composes the sweep:
+    a value of the wrong type fails its own job and the next job still runs."""
+    sweep = tmp_path / "sweep"
+    res = run_py("-m", f"hydra.sweep.dir={sweep}", *SMALL, "policy=fixed_pd", "policy.num_prefill=1.5,2",
+                 "progress_interval_s=0")
+    assert res.returncode == 1
+    [bad] = [p for p in sweep.iterdir() if "policy.num_prefill=1.5," in p.name]
+    error = json.loads((bad / "error.json").read_text())
+    assert error["message"] == "policy.num_prefill=1.5 is invalid; allowed: an integer"
+    assert (job_dir(sweep, 2) / "summary.json").exists()
+    assert "Traceback" not in res.stderr
+
+
 def test_single_run_validation_error_is_one_line_naming_the_key(tmp_path):
     res = run_py(f"hydra.run.dir={tmp_path}", *SMALL, "policy=fixed_pd", "policy.num_prefill=9")
     assert res.returncode == 1

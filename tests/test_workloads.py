@@ -16,6 +16,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from harness.experiment import instantiate_checked
 from harness.trajectory import validate_script
 from workloads.stats import compare, metric_values, statistic
 
@@ -31,7 +32,8 @@ def workload_config(name: str, *overrides: str):
 
 
 def build(name: str, *overrides: str, seed: int = 0):
-    return instantiate(workload_config(name, *overrides), seed=seed)
+    """The workload as a run builds it: its keys checked against its schema, then instantiated."""
+    return instantiate_checked(workload_config(name, *overrides), "workload", seed=seed)
 
 
 def large_sample(name: str, trajectories: int = 2500):
@@ -155,7 +157,7 @@ def test_context_cap_cuts_the_last_turn_and_ends_the_trajectory():
     ("workload.turn_modes_per=prompt", "workload.turn_modes_per"),
 ])
 def test_bad_config_names_the_key(override, field):
-    with pytest.raises(InstantiationException, match=field.replace(".", r"\.")):
+    with pytest.raises((ValueError, InstantiationException), match=field.replace(".", r"\.")):
         build("swe", override)
 
 

@@ -75,13 +75,6 @@ class AgentWorkload:
     targets: dict[str, Any] = field(default_factory=dict)  # published figures for tests and the card
 
     def __post_init__(self):
-        for key in ("batch_size", "group_size", "context_cap", "max_output_tokens", "max_turns"):
-            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
-                raise ValueError(f"workload.{key}={getattr(self, key)} is invalid; allowed: an integer >= 1")
-        if not 0 <= self.group_corr <= 1:
-            raise ValueError(f"workload.group_corr={self.group_corr} is invalid; allowed: 0 <= rho <= 1")
-        if self.turn_modes_per not in ("sample", "group"):
-            raise ValueError(f"workload.turn_modes_per={self.turn_modes_per!r} is invalid; allowed: sample, group")
         self.prompt = from_config(LogNormal, self.prompt, "workload.prompt")
         self.output = from_config(LogNormal, self.output, "workload.output")
         self.tool_output = from_config(LogNormal, self.tool_output, "workload.tool_output")

@@ -38,9 +38,6 @@ class MixWorkload:
     workloads: dict[str, Workload] = field(init=False, repr=False)
 
     def __post_init__(self):
-        for key in ("batch_size", "group_size"):
-            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
-                raise ValueError(f"workload.{key}={getattr(self, key)} is invalid; allowed: an integer >= 1")
         if not self.components:
             raise ValueError("workload.components is empty; list at least one family")
         self.schedule = [self._entry(i, e) for i, e in enumerate(self.schedule)]

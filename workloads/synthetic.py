@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.api import FamilyPriors, LogNormalPrior
-from harness.cluster import is_int, is_number
 from harness.trajectory import TrajectoryScript, TurnScript
 from workloads.base import lognormal, step_rng
 
@@ -46,24 +45,6 @@ class SyntheticWorkload:
     context_cap: int = 32768
     max_output_tokens: int = 4096
     drift_per_step: float = 0.0
-
-    def __post_init__(self):
-        for key in ("batch_size", "group_size", "max_turns", "context_cap", "max_output_tokens"):
-            v = getattr(self, key)
-            if not (is_int(v) and v >= 1):
-                raise ValueError(f"workload.{key}={v!r} is invalid; allowed: an integer >= 1")
-        for key in ("turns_median", "prompt_median", "output_median", "tool_output_median",
-                    "tool_latency_median_s"):
-            if not (is_number(getattr(self, key)) and getattr(self, key) > 0):
-                raise ValueError(f"workload.{key}={getattr(self, key)!r} is invalid; allowed: a number > 0")
-        for key in ("turns_sigma", "prompt_sigma", "output_sigma", "tool_output_sigma", "tool_latency_sigma",
-                    "group_sigma"):
-            if not (is_number(getattr(self, key)) and getattr(self, key) >= 0):
-                raise ValueError(f"workload.{key}={getattr(self, key)!r} is invalid; allowed: a number >= 0")
-        if not (is_number(self.drift_per_step) and self.drift_per_step > -1):
-            raise ValueError(f"workload.drift_per_step={self.drift_per_step!r} is invalid; allowed: a number > -1")
-        if not (isinstance(self.family, str) and self.family):
-            raise ValueError(f"workload.family={self.family!r} is invalid; allowed: a non-empty string")
 
     def priors(self) -> dict[str, FamilyPriors]:
         return {self.family: FamilyPriors(

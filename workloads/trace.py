@@ -160,8 +160,6 @@ class TraceWorkload:
         self.group_size = len(self.groups[0])
         if self.batch_size is None:
             self.batch_size = len(self.groups)
-        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
-            raise ValueError(f"workload.batch_size={self.batch_size} is invalid; allowed: an integer >= 1 or null")
 
     def priors(self) -> dict[str, FamilyPriors]:
         by_family: dict[str, list[TrajectoryScript]] = {}

@@ -160,7 +160,9 @@ class SGLangBackend(HttpBackendBase):
         self.router_calls: list[tuple] = []   # (method, path, body) sent to the router
 
     @classmethod
-    def from_config(cls, cfg: dict, cluster: ClusterConfig, roles: list[Role]) -> "SGLangBackend":
+    def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, **cfg) -> "SGLangBackend":
+        """The `_target_` of configs/backend/sglang.yaml: `cfg` is the backend group's keys (`seed` is
+        taken like every backend's; the servers draw nothing)."""
         reject_removed_keys(cfg)
         check_sglang_cluster(cluster)
         n = cluster.num_engines

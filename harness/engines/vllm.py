@@ -223,7 +223,8 @@ class VllmBackend(HttpBackendBase):
         self.metrics_end: list[dict] = []
 
     @classmethod
-    def from_config(cls, cfg: dict, cluster: ClusterConfig, roles: list[Role], seed: int = 0) -> "VllmBackend":
+    def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, **cfg) -> "VllmBackend":
+        """The `_target_` of configs/backend/vllm*.yaml: `cfg` is the backend group's keys."""
         kw = backend_kwargs(cfg, cluster)           # checks the cluster before anything starts
         specs, kv_dir = vllm_server_specs(cfg, cluster, roles)
         ray_cfg = cfg.get("ray") or {}

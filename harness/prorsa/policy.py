@@ -55,24 +55,6 @@ class Prorsa:
                  max_candidates: int = 8, mix_window: int = 128,
                  confirm_plans: int = 2, priority: str = "fcfs", mix_forecast: str = "schedule", seed: int = 0,
                  name: str = "prorsa"):
-        if initial not in ("plan", "colocated"):
-            raise ValueError(f"policy.initial={initial!r} is invalid; allowed: plan, colocated")
-        if priority not in ("fcfs", "remaining_work"):
-            raise ValueError(f"policy.priority={priority!r} is invalid; allowed: fcfs, remaining_work")
-        if mix_forecast not in ("schedule", "window"):
-            raise ValueError(f"policy.mix_forecast={mix_forecast!r} is invalid; allowed: schedule, window")
-        for key, v in (("control_interval_s", control_interval_s), ("replan_interval_s", replan_interval_s),
-                       ("horizon_s", horizon_s)):
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number > 0")
-        for key, v in (("bins", bins), ("max_candidates", max_candidates), ("min_observations", min_observations),
-                       ("mix_window", mix_window), ("initial_samples", initial_samples), ("confirm_plans", confirm_plans),
-                       ("initial_max_samples", initial_max_samples)):
-            if not (isinstance(v, int) and v >= 1):
-                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: an integer >= 1")
-        for key, v in (("hysteresis", hysteresis), ("min_dwell_s", min_dwell_s)):
-            if not (isinstance(v, (int, float)) and v >= 0):
-                raise ValueError(f"policy.{key}={v!r} is invalid; allowed: a number >= 0")
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s

@@ -4,7 +4,7 @@ It owns the clock, the engines, the KV-transfer links and role switches, and rep
 events; it decides nothing (routing and roles come from the policy through the driver).
 KV transfer: setup latency + bytes / (NIC bandwidth of the engine's GPUs * efficiency), FIFO on
 the sender's and the receiver's NICs (simulator references: Frontier, splitwise-sim).
-Role switches follow `cluster.switch_mechanism` (harness/cluster.py, SWITCH_MECHANISMS).
+Role switches follow `cluster.switch_mechanism` (harness/schema.py ClusterSchema).
 `fork()` copies the whole simulation (driver, policy, backend) so a candidate allocation can be run
 forward without touching the original.
 """
@@ -79,6 +79,13 @@ def nested_runs() -> Iterator[None]:
 
 
 class SimBackend:
+    @classmethod
+    def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, *, name: str = "sim",
+                    fast_forward: bool = True) -> "SimBackend":
+        """The `_target_` of configs/backend/sim.yaml (`seed` is taken like every backend's: the
+        simulator draws nothing, the workload does)."""
+        return cls(cluster, roles, fast_forward=fast_forward)
+
     def __init__(self, cluster: ClusterConfig, roles: list[Role], fast_forward: bool = True,
                  launched_as: list[Role] | None = None):
         """`launched_as`: per engine, the role whose parallelism it runs with, when that is not its

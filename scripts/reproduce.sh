@@ -60,6 +60,8 @@ for exp in "${SHIFTS[@]}"; do
 done
 # SGLang's role switch (drain) on the MoE curriculum: Prorsa only; its statics are the ones above.
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
+sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
+sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false
 "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"

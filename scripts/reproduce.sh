@@ -58,7 +58,7 @@ for exp in "${SHIFTS[@]}"; do
   sweep "$exp" +experiment=$exp policy=prorsa policy.switching=false
   sweep "$exp" +experiment=$exp policy=prorsa policy.forecast=false
 done
-# SGLang's role switch (drain) on the MoE curriculum: Prorsa only; its statics are the ones above.
+# SGLang's role switch (drain) on the MoE curriculum: Prorsa at three seeds and its ablations; the statics are the ones above.
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false

@@ -6,7 +6,7 @@ so a wrong value stops the run before anything is simulated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

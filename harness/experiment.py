@@ -206,14 +206,14 @@ def mode_from_config(c: dict) -> ModeConfig:
     return ModeConfig(**c)
 
 
-def checked(node: DictConfig, group: str) -> dict:
-    """The group's keys (resolved), checked against the schema of its `_target_` (harness/schema.py);
+def checked(node: DictConfig, group: str) -> None:
+    """Checks the group's keys (resolved) against the schema of its `_target_` (harness/schema.py);
     a `_target_` with no schema (a user's own class) against the keys its signature takes."""
     if node.get("_target_") is None:
         raise ValueError(f"{group}._target_=None is invalid; allowed: a class path (configs/{group}/*.yaml)")
     keys = OmegaConf.to_container(node, resolve=True)
     if schema.check_group(group, keys):
-        return keys
+        return
     target = keys["_target_"]
     try:
         params = inspect.signature(get_method(target)).parameters
@@ -225,7 +225,6 @@ def checked(node: DictConfig, group: str) -> dict:
             if not key.startswith("_") and key not in allowed:
                 raise ValueError(f"{group}.{key}={value!r} is invalid; allowed: one of {', '.join(allowed)}"
                                  if allowed else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
-    return keys
 
 
 def instantiate_checked(node: DictConfig, group: str, **kwargs):

@@ -374,15 +374,6 @@ class TraceSchema:
     _target_: str = target("workloads.trace.TraceWorkload")
 
 
-# Which schema checks a group's node: by its `_target_` (policies, workloads, backends, loggers) or, for
-# the groups with one shape, the group's schema. A `_target_` with no schema here (a user's own
-# baseline or workload) is checked against the class's signature (harness/experiment.py).
-GROUP_SCHEMAS: dict[str, type] = {"cluster": ClusterSchema, "mode": ModeSchema}
-TARGET_SCHEMAS: dict[str, type] = {
-    s.__dataclass_fields__["_target_"].default: s for s in (
-        SimBackendSchema, VllmBackendSchema, SGLangBackendSchema, NoLoggerSchema, WandbLoggerSchema,
-        ColocateSchema, FixedPDSchema, PPDSchema, ReactivePDSchema, PearlSchema, OraclePDSchema, ProrsaSchema,
-        SyntheticSchema, AgentSchema, MixSchema, TraceSchema)}
 # In the ConfigStore as schema/<group>/<name>: each group's presets name the schema they follow.
 STORE: dict[str, dict[str, type]] = {
     "cluster": {"cluster": ClusterSchema},
@@ -394,6 +385,14 @@ STORE: dict[str, dict[str, type]] = {
                "prorsa": ProrsaSchema},
     "workload": {"synthetic": SyntheticSchema, "agent": AgentSchema, "mix": MixSchema, "trace": TraceSchema},
 }
+# Which schema checks a group's node: by its `_target_` (policies, workloads, backends, loggers) or, for
+# the groups with one shape and no `_target_` (cluster, mode), the group's schema. A `_target_` with no
+# schema here (a user's own baseline or workload) is checked against the class's signature
+# (harness/experiment.py).
+TARGET_SCHEMAS: dict[str, type] = {s.__dataclass_fields__["_target_"].default: s for group in STORE.values()
+                                   for s in group.values() if "_target_" in s.__dataclass_fields__}
+GROUP_SCHEMAS: dict[str, type] = {name: s for name, group in STORE.items() for s in group.values()
+                                  if "_target_" not in s.__dataclass_fields__}
 
 
 def register() -> None:

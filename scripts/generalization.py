@@ -46,6 +46,21 @@ SETTINGS: dict[str, list[str]] = {
     "browse_kvboth_moe_async": ["workload=browse", "cluster=moe_h200", "cluster.switch_mechanism=kv_both",
                                 "mode=async", "mode.max_in_flight=256"],
     "mix_sglang_sync": ["workload=mix", "cluster=moe_h200_sglang"],
+    # Third group, chosen before its first run, after every fix the first two led to: clusters of the
+    # paper's kind with prefill-heavy turns, 12 engines, drain switching, SGLang and kv_both in async.
+    "browse_deepseek_sync": ["workload=browse", "cluster=deepseek_v3_h200"],
+    "browse_qwen235_sglang_sync": ["workload=browse", "cluster=qwen235_h200", "cluster.engine=sglang"],
+    "reasoning_sglang_async": ["workload=reasoning", "cluster=moe_h200_sglang", "mode=async",
+                               "mode.max_in_flight=256"],
+    "search_long_dense32_sync": ["workload=search_long", "cluster=dense_h100"],
+    "tooluse_moe12_kvboth_async": ["workload=tooluse", "cluster=moe_h200", "cluster.num_engines=12",
+                                   "cluster.switch_mechanism=kv_both", "mode=async", "mode.max_in_flight=256"],
+    "mix_reason_browse_moe_sync": ["workload=mix_reason_browse", "cluster=moe_h200"],
+    "synth_answers_dense8_async": ["workload=synthetic", "cluster=dense8_h100", "mode=async",
+                                   "mode.max_in_flight=128", "workload.batch_size=32",
+                                   "workload.output_median=2000", "workload.tool_output_median=1000"],
+    "browse_drain_sglang_async": ["workload=browse", "cluster=moe_h200_sglang", "cluster.switch_mechanism=drain",
+                                  "mode=async", "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 

@@ -22,7 +22,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -144,6 +144,10 @@ class RayOptionsSchema:
 @dataclass(kw_only=True)
 class HTTPBackendSchema:
     """The keys both real backends take (harness/engines/base.py)."""
+    # Keys removed because the cluster config owns the value (one source: harness/cluster.py).
+    REMOVED: ClassVar[dict[str, str]] = {
+        "switch_time_s": "the switch is priced and waited as the cluster's switch mechanism says "
+                         "(cluster.switch_mechanism; kv_both: cluster.router_update_s)"}
     model: Optional[str] = key()
     vocab: int = key(ge=4)
     extra_args: list[str] = key()
@@ -442,6 +446,8 @@ def check(node: Any, schema: type, where: str) -> None:
     dot = f"{where}." if where else ""
     hints = typing.get_type_hints(schema)
     for k, v in node.items():
+        if k in getattr(schema, "REMOVED", {}):
+            raise ValueError(f"{dot}{k}={v!r} is no longer a key here: {schema.REMOVED[k]}; remove it")
         if k not in names and not (isinstance(k, str) and k.startswith("_")):
             allowed = sorted(n for n in names if not n.startswith("_"))
             raise ValueError(f"{dot}{k}={v!r} is invalid; allowed: one of {', '.join(allowed)}" if allowed else

@@ -130,6 +130,9 @@ CONFIG_CASES = [
     ("backend_unknown_key", ["+backend.foo=1"], "backend.foo=1 is invalid; allowed: one of fast_forward, name"),
     ("vllm_time_scale", ["backend=vllm_cpu", "backend.time_scale=0"],
      "backend.time_scale=0 is invalid; allowed: a number > 0"),
+    ("vllm_removed_switch_time", ["backend=vllm_cpu", "+backend.switch_time_s=2"],
+     "backend.switch_time_s=2 is no longer a key here: the switch is priced and waited as the cluster's switch "
+     "mechanism says (cluster.switch_mechanism; kv_both: cluster.router_update_s); remove it"),
     ("vllm_ray_enabled", ["backend=vllm_cpu", "backend.ray.enabled=maybe"],
      "backend.ray.enabled='maybe' is invalid; allowed: true, false"),
     ("staleness_text", ["mode=async", "mode.staleness=abc"], "mode.staleness='abc' is invalid; allowed: an integer >= 0"),

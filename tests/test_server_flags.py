@@ -16,6 +16,7 @@ from harness.engines.vllm import (VllmBackend, backend_kwargs, vllm_argv, vllm_c
                                      vllm_switch_wait_s)
 from harness.engines.sglang import (SGLangBackend, check_sglang_cluster, sglang_argv, sglang_cluster_flags,
                                     sglang_switch_relaunches)
+from harness.schema import check_group
 from tests.conftest import CONFIGS, cluster_of, load_config
 
 PRESETS = sorted(p.stem for p in Path(CONFIGS, "cluster").glob("*.yaml"))
@@ -192,9 +193,9 @@ def test_vllm_refuses_sglang_step_semantics():
 
 
 def test_removed_backend_switch_time_is_refused():
-    cluster = cluster_of(["cluster=cpu_small"])
-    with pytest.raises(ValueError, match="backend.switch_time_s=2.0 is no longer a backend key.*router_update_s"):
-        backend_kwargs({**vllm_cfg(), "switch_time_s": 2.0}, cluster)
+    """The schema refuses the removed key with the pointer to the cluster key that owns the value."""
+    with pytest.raises(ValueError, match="backend.switch_time_s=2.0 is no longer a key here.*router_update_s"):
+        check_group("backend", {**OmegaConf.to_container(load_config(["backend=vllm_cpu"]).backend), "switch_time_s": 2.0})
     for name in ("vllm", "vllm_cpu", "sglang"):
         assert "switch_time_s" not in OmegaConf.to_container(load_config([f"backend={name}"]).backend)
 

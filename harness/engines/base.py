@@ -43,20 +43,6 @@ K = EventKind
 log = logging.getLogger(__name__)
 
 
-# Backend keys that were removed because the cluster config owns the value (one source: harness/cluster.py).
-REMOVED_BACKEND_KEYS = {
-    "switch_time_s": "the switch is priced and waited as the cluster's switch mechanism says "
-                     "(cluster.switch_mechanism; kv_both: cluster.router_update_s)",
-}
-
-
-def reject_removed_keys(cfg: dict) -> None:
-    """A backend config that still sets a key the cluster config now owns stops the run, naming both."""
-    for key, why in REMOVED_BACKEND_KEYS.items():
-        if key in cfg:
-            raise ValueError(f"backend.{key}={cfg[key]!r} is no longer a backend key: {why}; remove it")
-
-
 class EngineGone(Exception):
     """The engine's server is unreachable or dead."""
 

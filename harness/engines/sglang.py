@@ -31,8 +31,7 @@ from urllib.parse import urlparse
 
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
-from harness.engines.base import (EngineGone, EngineRuntime, HttpBackendBase, Job, LegError, check_extra_args,
-                                   reject_removed_keys)
+from harness.engines.base import EngineGone, EngineRuntime, HttpBackendBase, Job, LegError, check_extra_args
 from harness.engines.server import EnginePool, ServerSpec
 
 
@@ -157,13 +156,11 @@ class SGLangBackend(HttpBackendBase):
         self._rng = random.Random(seed)
         self._context: dict[int, list[int]] = {}
         self.worker_ids: dict[int, str] = {}
-        self.router_calls: list[tuple] = []   # (method, path, body) sent to the router
 
     @classmethod
     def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, **cfg) -> "SGLangBackend":
         """The `_target_` of configs/backend/sglang.yaml: `cfg` is the backend group's keys (`seed` is
         taken like every backend's; the servers draw nothing)."""
-        reject_removed_keys(cfg)
         check_sglang_cluster(cluster)
         n = cluster.num_engines
         base_bp = int(cfg.get("bootstrap_base_port", 8998))
@@ -194,7 +191,6 @@ class SGLangBackend(HttpBackendBase):
     async def _router(self, method: str, path: str, body: dict | None = None) -> dict:
         if not self.router_url:
             return {}
-        self.router_calls.append((method, path, body))
         async with self.session.request(method, self.router_url + path, json=body) as r:
             text = await r.text()
             if r.status >= 300:

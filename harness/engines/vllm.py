@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
-from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, check_extra_args, reject_removed_keys
+from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, check_extra_args
 from harness.engines.server import EnginePool, ServerSpec
 
 NIXL_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -438,7 +438,6 @@ class VllmBackend(HttpBackendBase):
 def backend_kwargs(cfg: dict, cluster: ClusterConfig) -> dict:
     """The VllmBackend keyword arguments a backend config sets; the switch wait comes from the cluster
     config (vllm_switch_wait_s), which must describe vLLM engines switching as kv_both."""
-    reject_removed_keys(cfg)
     return {"served_model_name": cfg.get("served_model_name", "model"),
             "kv_connector": cfg.get("kv_connector", "ExampleConnector"),
             "time_scale": float(cfg.get("time_scale", 1.0)), "switch_wait_s": vllm_switch_wait_s(cluster),

@@ -30,14 +30,18 @@ log = logging.getLogger("regime_map")
 
 GRIDS = {   # new tokens per turn, output tokens per turn, DP sizes, semantics, modes
     "full": ([100, 1000, 4000, 16000], [50, 500, 2000, 8000], [1, 4, 8, 16], ["vllm", "sglang"], ["sync", "async"]),
-    "coarse": ([100, 1000, 4000, 16000], [50, 500, 8000], [1, 4, 8], ["vllm", "sglang"], ["sync"]),
+    "coarse": ([100, 1000, 4000, 16000], [50, 500, 8000], [1, 4, 8, 16], ["vllm", "sglang"], ["sync"]),
     "smoke": ([1000], [50], [4], ["vllm"], ["sync"]),
 }
 GPUS = 32
 # The load: 256 trajectories of 4 turns on 32 GPUs, tools at 0.2 s (the GPUs, not the tools, bound a step).
 LOAD = ["workload=synthetic", "workload.batch_size=32", "workload.group_size=8", "workload.turns_median=4",
         "workload.prompt_median=1000", "workload.tool_latency_median_s=0.2", "workload.tool_latency_sigma=0.5",
-        "workload.context_cap=131072", "workload.max_output_tokens=16384", "mode.num_steps=1"]
+        "workload.context_cap=131072", "workload.max_output_tokens=16384"]
+# Sync: that batch as one RL step. Async: four such batches with 256 trajectories in flight, so new
+# trajectories start as others end (one batch all in flight at once would be a sync step again).
+MODES = {"sync": ["mode=sync", "mode.num_steps=1"],
+         "async": ["mode=async", "mode.num_steps=4", "mode.max_in_flight=256"]}
 
 
 def parallelism(dp: int) -> tuple[int, list[str]]:
@@ -72,8 +76,7 @@ def cell_name(c: dict) -> str:
 
 def run_cell(out: Path, c: dict, ray: bool) -> None:
     engines, par = parallelism(c["dp"])
-    mode = [f"mode={c['mode']}"] + (["mode.max_in_flight=256"] if c["mode"] == "async" else [])
-    over = [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *mode, "logger=none",
+    over = [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *MODES[c["mode"]], "logger=none",
             f"workload.tool_output_median={c['new_tokens']}", f"workload.output_median={c['output_tokens']}"]
     # job directories named by the policy overrides only (the cell's directory says the rest)
     keys = ["hydra.sweep.dir", "hydra/launcher", "hydra.launcher.ray.init.address", "logger", "logger.mode",

@@ -67,3 +67,7 @@ sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_m
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 "$PY" scripts/pd_benefits.py "$OUT" > "$OUT/report/pd_benefits.md"
+# Section 6, the regime map (96 sync cells; writes its CSV and heatmaps in OUT/regime_map), and section 4's
+# performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
+"$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse
+"$PY" scripts/whatif_accuracy.py

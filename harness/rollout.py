@@ -182,6 +182,10 @@ class RolloutDriver:
     def _start_sync_step(self, step: int) -> None:
         if step:
             self.backend.update_weights()   # the trainer's update between two steps
+            # Every trajectory of the last step has ended: the policy may set the roles the step starts
+            # in (its turns wait, parked, for the switches it asks for).
+            view = self.backend.view()
+            self.apply_roles(view, self.policy.plan(view))
         self.step_windows.append((self.backend.now(), math.nan))
         batch = self._batch(step)
         while batch:

@@ -167,6 +167,27 @@ def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain(
     assert not planner.decide(view, COLOCATED, [], new, 64).switch
 
 
+def test_step_start_plan_prices_the_switch_from_the_present_roles():
+    """Between two sync steps (every engine idle): a candidate the engines reach by resharding starts
+    60 s later (cluster.reshard_switch_time_s, every engine moving), so it scores its from-scratch
+    time plus 60 s exactly, and the present split is kept unless another beats it by the hysteresis."""
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
+    planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    best, scratch = planner.initial([new], 64)
+    assert best == 2 and scratch[2] < 0.75 * scratch[COLOCATED]
+    split, scores = planner.initial([new], 64, present=engines([Role.COLOCATED] * 4))
+    assert scores[COLOCATED] == pytest.approx(scratch[COLOCATED], rel=1e-12)
+    for k in (1, 2, 3):
+        assert scores[k] == pytest.approx(scratch[k] + cluster.reshard_switch_time_s, rel=1e-9)
+    assert split == COLOCATED      # 2P2D's gain (13 s) does not pay a 60 s reload
+    split, scores = planner.initial([new], 64, present=engines(roles_for(3, 4)))
+    assert scores[3] == pytest.approx(scratch[3], rel=1e-12)
+    assert scores[COLOCATED] == pytest.approx(scratch[COLOCATED] + cluster.reshard_switch_time_s, rel=1e-9)
+    assert split == 3
+
+
 def RUN_HEAVY():
     from tests.conftest import load_config
     from harness.experiment import run_info

@@ -160,3 +160,48 @@ def test_queue_order_follows_route_priority(priorities, order):
                        Route(0, 0, priority=p))
     backend.run(None)
     assert ends == order
+
+
+class SplitBetweenSteps:
+    """Test policy: colocated, never ticked; asked between the two sync steps, it splits 1P1D."""
+
+    name = "split_between_steps"
+    control_interval_s = None
+
+    def __init__(self):
+        from harness.routing import PrefixTracker
+        self.prefix, self.calls = PrefixTracker(), []
+
+    def initial_roles(self, cluster, run):
+        return [Role.COLOCATED] * cluster.num_engines
+
+    def observe(self, event):
+        self.prefix.observe(event)
+
+    def plan(self, view):
+        self.calls.append((view.now, [e.running_requests + e.waiting_requests for e in view.engines]))
+        return {0: Role.PREFILL, 1: Role.DECODE}
+
+    def route(self, request, view):
+        from harness.routing import route_by_role
+        return route_by_role(request, view, self.prefix)
+
+    def metrics(self):
+        return {}
+
+
+def test_sync_step_boundary_plan_sets_the_roles_the_next_step_starts_in(small):
+    from tests.test_sim_invariants import check_invariants
+    policy = SplitBetweenSteps()
+    result, df, backend = simulate(small + ["cluster.num_engines=2"], policy=policy)
+    check_invariants(result, df)
+    (first_end, second_end) = (b for _, b in result.step_windows)
+    # asked once, between the steps, with nothing running or queued anywhere
+    assert policy.calls == [(pytest.approx(first_end), [0, 0])]
+    one, two = df[df.step == 0], df[df.step == 1]
+    assert (one.engine_prefill == one.engine_decode).all()                    # colocated
+    assert ((two.engine_prefill == 0) & (two.engine_decode == 1)).all()       # every turn split 1P1D
+    # the step's first turns waited, parked, for the switch: 6 s (cluster.switch_time_s; idle engines
+    # drain at once) counted in the step's window
+    assert two.t_prefill_start.min() == pytest.approx(first_end + 6.0)
+    assert result.step_windows[1][0] == pytest.approx(first_end)

@@ -23,7 +23,7 @@ from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
 from harness.cluster import ClusterConfig
 from harness.stats import intraclass_correlation
 from harness.prorsa.estimate import product_limit
-from harness.prorsa.switcher import COLOCATED, roles_for, target_roles
+from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
 
@@ -192,7 +192,7 @@ class Planner:
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
                 hedges: list[list[FutureTrajectory]] = (), more: Callable[[], list[FutureTrajectory]] | None = None,
-                max_samples: int = 0) -> tuple[int, dict[int, float]]:
+                max_samples: int = 0, present: ClusterView | None = None) -> tuple[int, dict[int, float]]:
         """The best allocation to start in (no switch), by the mean score over samples of trajectories
         drawn from the priors (one sample's slowest trajectory is noise). With `more`, samples are
         added (up to `max_samples`) while the choice is still open: while some candidate within the
@@ -205,12 +205,26 @@ class Planner:
         allocation whose worst ratio to the best allocation of any mix (the expected one or a hedge) is
         smallest: a start that is right for the first batches but ruinous for another mix cannot be
         left in time when a switch takes a minute (measured: 1P7D on shift_reason_browse with reshard,
-        0.64x of the best static allocation; hedged, 1.05x)."""
-        splits = self.candidates(COLOCATED if self.allow_colocated else 1)
-        roles = {k: roles_for(k, self.cluster.num_engines) for k in splits}
+        0.64x of the best static allocation; hedged, 1.05x).
+
+        `present`: the cluster between two sync steps (every engine idle, nothing queued). Each candidate
+        is then reached from the present roles by moving the fewest engines, its switch priced by the
+        what-if, and the present split is left only for one that beats it by more than the hysteresis."""
+        n = self.cluster.num_engines
+        current = current_split(present) if present is not None else None
+        splits = self.candidates(current if current is not None else COLOCATED if self.allow_colocated else 1)
+        if current is not None and current not in splits:
+            splits.append(current)
+        if present is None:
+            roles = {k: roles_for(k, n) for k in splits}
+            start, launched = roles, None
+        else:
+            roles = {k: [target_roles(present, k)[e.engine_id] for e in present.engines] for k in splits}
+            start = {k: [e.role for e in present.engines] for k in splits}
+            launched = present.launched_roles()
 
         def run(k: int, new: list[FutureTrajectory]) -> float:
-            return self.score(self.whatif.run([], roles[k], roles[k], new, max_in_flight))
+            return self.score(self.whatif.run([], start[k], roles[k], new, max_in_flight, launched_as=launched))
         per = {k: [run(k, new) for new in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()
@@ -218,6 +232,9 @@ class Planner:
                 per[k].append(run(k, new))
         scores = {k: float(np.mean(v)) for k, v in per.items()}
         self._last = scores
+        if current is not None:
+            best = min(scores, key=lambda k: (scores[k], k))
+            return (best if scores[best] < scores[current] * (1 - self.hysteresis) else current), scores
         if not hedges:
             return min(scores, key=lambda k: (scores[k], k)), scores
         mixes = [scores] + [{k: run(k, h) for k in splits} for h in hedges]

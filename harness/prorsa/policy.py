@@ -32,7 +32,7 @@ from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, Run
 from harness.cluster import ClusterConfig, cost_model
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, future_sampler
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for
+from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import Balance, PrefixTracker, route_by_role
@@ -97,6 +97,7 @@ class Prorsa:
         with nested_runs():
             split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
+        self._step_split = split              # the allocation planned for the start of the present step
         return roles_for(split, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
@@ -108,6 +109,8 @@ class Prorsa:
             self.forecaster.observe_arrival(event.t, event.tokens)
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
+        if self.run.mode == "sync" and not self.tracker.live and 0 < self.tracker.started < self.run.total_trajectories:
+            return self._plan_step(view)
         self.forecaster.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
         new_step = self.run.mode == "sync" and self.tracker.started > self._starts_seen
         if not (new_step or view.now >= self._next_plan) or not self.tracker.live:
@@ -155,6 +158,32 @@ class Prorsa:
         log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, n),
                  split_name(d.split, n), d.scores[current], d.scores[d.split])
         return d.roles
+
+    def _plan_step(self, view: ClusterView) -> dict[int, Role] | None:
+        """Between two sync steps (every engine idle, the prefix caches flushed by the weight update). The
+        start of a step is planned for a fresh batch; switches within a step follow its tail, and the
+        split a tail wants can be the wrong one to start a batch in. Measured on search_long on
+        dense_h100 (seed 1): a move to 1P7D at 510 s ended step 1 at 817 s (colocation 830 s), and step 2
+        then started in 1P7D with its 128 first turns queued on the one prefill engine, where leaving it
+        meant draining every engine (the plans put colocation out of reach until 978 s): step 2 took
+        1,089 s against colocation's 965 s. So when the switches of the last step left the cluster in
+        another allocation than the one its start was planned in, the next step is planned as the
+        initial allocation is (whatif.py, samples of a batch from the distributions learned so far),
+        each candidate reached from the present roles with its switch priced; where they did not, the
+        step starts where the last one did."""
+        current = current_split(view)
+        if not self.switching or current is None or current == self._step_split:
+            return None
+        with nested_runs():
+            split = self._initial_split(view)
+        self._step_split = split
+        if split == current:
+            return None
+        self._last_switch = view.now
+        self.decisions.append((view.now, split))
+        n = len(view.engines)
+        log.info("t=%.1f step start: %s -> %s", view.now, split_name(current, n), split_name(split, n))
+        return target_roles(view, split)
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         route = route_by_role(request, view, self.prefix, self.balance)
@@ -249,11 +278,14 @@ class Prorsa:
         count = self._new_count()
         return sampler.each_family_alone(self.families, count, -1 - count, rng) if count else []
 
-    def _initial_split(self) -> int:
+    def _initial_split(self, present: ClusterView | None = None) -> int:
         """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples`
-        draws, more while the choice is open, up to `initial_max_samples`)."""
-        sampler = self._sampler(0.0)
-        rng = np.random.default_rng([self.seed, 0])
+        draws, more while the choice is open, up to `initial_max_samples`); with `present` (between two
+        sync steps), from the distributions learned so far, reached from the present roles."""
+        now = present.now if present is not None else 0.0
+        sampler = self._sampler(now)
+        # a stream of its own per step start (the plans' streams are [seed, plan number])
+        rng = np.random.default_rng([self.seed, 0] if present is None else [self.seed, 0, self.tracker.started])
         # async: the live set and the next one, never more than the run has (a short run sampled at twice
         # max_in_flight was twice as loaded as the real one, which favours splits: search on
         # moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
@@ -264,15 +296,15 @@ class Prorsa:
         group = run.group_size if run.mode == "sync" else 1
         samples = [sampler.new(self.families, self.weights, count, 0, rng, group) for _ in range(self.initial_samples)]
         hedges = []
-        if len(self.families) > 1:   # the mix may change: also weigh each family alone
+        if len(self.families) > 1 and present is None:   # the mix may change: also weigh each family alone
             hedges = sampler.each_family_alone(self.families, count, 0, rng)
         split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
                                              lambda: sampler.new(self.families, self.weights, count, 0, rng, group),
-                                             self.initial_max_samples)
-        self.plan_scores.append((0.0, scores))
+                                             self.initial_max_samples, present)
+        self.plan_scores.append((now, scores))
         n = self.cluster.num_engines
-        log.debug("initial plan: %s -> %s", ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(scores.items())),
-                  split_name(split, n))
+        log.debug("%s plan: %s -> %s", "initial" if present is None else f"t={now:.1f} step start",
+                  ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(scores.items())), split_name(split, n))
         return split
 
     def _present(self, now: float) -> list[FutureTrajectory]:

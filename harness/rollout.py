@@ -184,8 +184,7 @@ class RolloutDriver:
             self.backend.update_weights()   # the trainer's update between two steps
             # Every trajectory of the last step has ended: the policy may set the roles the step starts
             # in (its turns wait, parked, for the switches it asks for).
-            view = self.backend.view()
-            self.apply_roles(view, self.policy.plan(view))
+            self._ask_policy()
         self.step_windows.append((self.backend.now(), math.nan))
         batch = self._batch(step)
         while batch:
@@ -261,9 +260,13 @@ class RolloutDriver:
     def _control_tick(self) -> None:
         if self.completed == self.total or not self.policy.control_interval_s:
             return   # done, or (in a fork) a policy that never re-plans
+        self._ask_policy()
+        self.backend.call_later(self.policy.control_interval_s, self._control_tick)
+
+    def _ask_policy(self) -> None:
+        """The policy's plan on the present view, its switches started."""
         view = self.backend.view()
         self.apply_roles(view, self.policy.plan(view))
-        self.backend.call_later(self.policy.control_interval_s, self._control_tick)
 
     def apply_roles(self, view: ClusterView, wanted: dict[int, Role] | None) -> None:
         """Start the role switches `wanted` asks for (engines not already in or moving to that role)."""

@@ -217,14 +217,14 @@ class Planner:
             splits.append(current)
         if present is None:
             roles = {k: roles_for(k, n) for k in splits}
-            start, launched = roles, None
+            now_roles, launched = None, None       # each candidate starts in its own roles
         else:
             roles = {k: [target_roles(present, k)[e.engine_id] for e in present.engines] for k in splits}
-            start = {k: [e.role for e in present.engines] for k in splits}
-            launched = present.launched_roles()
+            now_roles, launched = [e.role for e in present.engines], present.launched_roles()
 
         def run(k: int, new: list[FutureTrajectory]) -> float:
-            return self.score(self.whatif.run([], start[k], roles[k], new, max_in_flight, launched_as=launched))
+            return self.score(self.whatif.run([], now_roles or roles[k], roles[k], new, max_in_flight,
+                                              launched_as=launched))
         per = {k: [run(k, new) for new in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()

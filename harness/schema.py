@@ -272,6 +272,7 @@ class ProrsaSchema:
     hysteresis: float = key(ge=0)
     min_dwell_s: float = key(ge=0)
     confirm_plans: int = key(ge=1)
+    check_samples: int = key(ge=0)
     min_observations: int = key(ge=1)
     allow_colocated: bool = key()
     max_candidates: int = key(ge=1)

@@ -238,7 +238,7 @@ class MixWhatIf:
 
 
 def one_new(family):
-    """One new trajectory of `family` (what MixWhatIf reads)."""
+    """A sample of one trajectory of `family` (what MixWhatIf and SampleWhatIf read)."""
     from harness.prorsa.whatif import FutureTrajectory, FutureTurn
     return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
 
@@ -254,6 +254,38 @@ def test_planner_takes_the_nearest_of_equally_good_splits():
     assert d.switch and d.split == 3 and sum(r == Role.PREFILL for r in d.roles.values()) == 3
     planner.whatif = ScriptedWhatIf({**scores, 2: 82})
     assert not planner.decide(view, 2, [], [], 8).switch
+
+
+class SampleWhatIf:
+    """A performance model whose scores depend on the sample (`table`: family of the first future ->
+    split -> score): a test double for the sync check's averaging and pairing."""
+
+    def __init__(self, table):
+        self.table, self.runs = table, []
+
+    def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
+        from harness.prorsa.whatif import Outcome
+        split = sum(r == Role.PREFILL for r in roles) or COLOCATED
+        self.runs.append((futures[0].family, split))
+        score = self.table[futures[0].family][split]
+        return Outcome(score, score, 1.0, [score], np.zeros(5), np.zeros(5))
+
+
+def test_sync_check_averages_staying_and_the_target_over_the_fresh_samples():
+    """On sample "a" the switch colocated -> 1P gains 20% (100 -> 80); on "b" it loses 40% (100 -> 140).
+    Checked on [a, a, b]: staying 100, 1P (80 + 80 + 140) / 3 = 100, each sample run under both
+    allocations; on [a, a, a, b] 1P scores 95, a 5% gain that the hysteresis does not take (Prorsa
+    switches only below 95)."""
+    from harness.prorsa.planner import Decision
+    table = {"a": {COLOCATED: 100.0, 1: 80.0}, "b": {COLOCATED: 100.0, 1: 140.0}}
+    whatif = SampleWhatIf(table)
+    planner = Planner(cluster_of(HEAVY), whatif, hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    view = engines([Role.COLOCATED] * 4)
+    d = Decision(1, dict(enumerate(roles_for(1, 4))), True, {}, None)
+    assert planner.check(view, d, [one_new("a"), one_new("a"), one_new("b")]) == pytest.approx((100.0, 100.0))
+    assert sorted(whatif.runs) == sorted([(f, k) for f in "aab" for k in (COLOCATED, 1)])
+    stay, move = planner.check(view, d, [one_new(f) for f in "aaab"])
+    assert (stay, move) == pytest.approx((100.0, 95.0)) and not move < stay * (1 - planner.hysteresis)
 
 
 def test_initial_plan_hedges_against_another_mix():
@@ -641,30 +673,39 @@ def test_still_open_known_answers():
     assert not still_open({0: [100, 100, 100], 1: [94, 111, 128]}, 0.05)   # mean 111: > 5% behind
 
 
-def test_a_switch_needs_confirm_plans_consecutive_plans():
+def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_check():
     """A plan that wants a switch is made only when the previous `confirm_plans - 1` plans wanted the
-    same target; a plan that wants to stay (or another target) starts the count again."""
+    same target; a plan that wants to stay (or another target) starts the count again, and so does a
+    plan whose target fails the sync check (here the fifth: over its fresh samples 0.99 s against
+    staying's 1.0 s, inside the 5% hysteresis). Each check gets `check_samples` samples."""
     from harness.prorsa.planner import Decision
     from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=2, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    policy = Prorsa(confirm_plans=2, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
     policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
     policy.tracker.started = policy._starts_seen = 1
-    wanted = iter([2, 2, 3, None, 3, 3])
+    wanted = iter([2, 2, 3, None, 3, 3, 3])
+    checked = iter([0.5, 0.5, 0.5, 0.99, 0.5, 0.5])     # the target's mean score; staying's is 1.0
     outcome = Outcome(1.0, 1.0, 1.0, [1.0], np.zeros(5), np.zeros(5))
+    samples = []
 
     def decide(view, current, *args, **kwargs):
         split = next(wanted)
         target = current if split is None else split
         return Decision(target, target_roles(view, target), split is not None, {current: 1.0, target: 1.0}, outcome)
-    policy.planner.decide = decide
+
+    def check(view, decision, fresh):
+        samples.append(len(fresh))
+        return 1.0, next(checked)
+    policy.planner.decide, policy.planner.check = decide, check
     view = engines([Role.COLOCATED] * 4)
     made = []
-    for t in range(1, 7):
+    for t in range(1, 8):
         view.now = float(t)
         made.append(policy.plan(view) is not None)
-    assert made == [False, True, False, False, False, True]
+    assert made == [False, True, False, False, False, False, True]
+    assert samples == [3] * 6
 
 
 def test_whatif_weight_update_flushes_the_prefix_caches():

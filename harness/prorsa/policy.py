@@ -12,7 +12,9 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
      end of the live trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying,
      in `confirm_plans` consecutive plans (each plan is one sample of the future: on browse on dense8_h100
      single plans flipped colocated <-> 6P2D nine times, each flip resetting every engine's prefix
-     cache), and not sooner than `min_dwell_s` after the last switch.
+     cache), in sync RL also by the mean over `check_samples` fresh samples of the futures (the
+     step's slowest trajectory makes one sample's gain noisy), and not sooner than `min_dwell_s`
+     after the last switch.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
 phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).
@@ -31,7 +33,7 @@ import numpy as np
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model
 from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.planner import Planner, future_sampler
+from harness.prorsa.planner import Decision, Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
@@ -53,8 +55,8 @@ class Prorsa:
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
                  initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
                  max_candidates: int = 8, mix_window: int = 128,
-                 confirm_plans: int = 2, priority: str = "fcfs", mix_forecast: str = "schedule", seed: int = 0,
-                 name: str = "prorsa"):
+                 confirm_plans: int = 2, check_samples: int = 4, priority: str = "fcfs",
+                 mix_forecast: str = "schedule", seed: int = 0, name: str = "prorsa"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -63,7 +65,7 @@ class Prorsa:
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
         self.initial, self.initial_samples, self.initial_max_samples = initial, initial_samples, initial_max_samples
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
-        self.confirm_plans = confirm_plans
+        self.confirm_plans, self.check_samples = confirm_plans, check_samples
         self.priority, self.mix_forecast = priority, mix_forecast
         self._work_left: dict[str, np.ndarray] = {}   # family -> forecast work left (s) by turns so far
         self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
@@ -149,8 +151,9 @@ class Prorsa:
         self.plan_scores.append((view.now, d.scores))
         n = len(view.engines)
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
-        self._wanted = (self._wanted + [d.split])[-self.confirm_plans:] if d.switch else []
-        if not d.switch or self._wanted.count(d.split) < self.confirm_plans:
+        switch = d.switch and self._checked(view, d, current, sampler, rng)
+        self._wanted = (self._wanted + [d.split])[-self.confirm_plans:] if switch else []
+        if not switch or self._wanted.count(d.split) < self.confirm_plans:
             return None
         self._wanted = []
         self._last_switch = view.now
@@ -158,6 +161,22 @@ class Prorsa:
         log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, n),
                  split_name(d.split, n), d.scores[current], d.scores[d.split])
         return d.roles
+
+    def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler, rng) -> bool:
+        """Sync: whether the switch a plan wants still beats staying by the hysteresis, by the mean over
+        `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough).
+        Async plans keep their own sample: they score a mean end over hundreds of trajectories (the
+        last plans of an async run score its last end and were not measured with a check). With
+        `forecast: false` a plan has no sample (the present only)."""
+        if self.run.mode != "sync" or not self.check_samples or not self.use_forecast:
+            return True
+        samples = [sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
+                   for _ in range(self.check_samples)]
+        stay, move = self.planner.check(view, d, samples)
+        n = len(view.engines)
+        log.debug("t=%.1f check over %d fresh samples: %s %.1f s, %s %.1f s", view.now, len(samples),
+                  split_name(current, n), stay, split_name(d.split, n), move)
+        return move < stay * (1 - self.hysteresis)
 
     def _plan_step(self, view: ClusterView) -> dict[int, Role] | None:
         """Between two sync steps (every engine idle, the prefix caches flushed by the weight update). The

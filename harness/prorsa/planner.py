@@ -204,8 +204,8 @@ class Planner:
         launched = view.launched_roles()
         stay, move = [], []
         for futures in samples:
-            for roles, out in ((now_roles, stay), (target, move)):
-                out.append(self.score(self.whatif.run(futures, now_roles, roles, launched_as=launched)))
+            stay.append(self.score(self.whatif.run(futures, now_roles, now_roles, launched_as=launched)))
+            move.append(self.score(self.whatif.run(futures, now_roles, target, launched_as=launched)))
         return float(np.mean(stay)), float(np.mean(move))
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,

@@ -162,7 +162,8 @@ class Prorsa:
                  split_name(d.split, n), d.scores[current], d.scores[d.split])
         return d.roles
 
-    def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler, rng) -> bool:
+    def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler,
+                 rng: np.random.Generator) -> bool:
         """Sync: whether the switch a plan wants still beats staying by the hysteresis, by the mean over
         `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough).
         Async plans keep their own sample: they score a mean end over hundreds of trajectories (the

@@ -171,7 +171,8 @@ class Prorsa:
         `forecast: false` a plan has no sample (the present only)."""
         if self.run.mode != "sync" or not self.check_samples or not self.use_forecast:
             return True
-        samples = [sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
+        tpot = self._tpot()
+        samples = [sampler.live(view.now, self.tracker, self.prefix, tpot, rng, self.routes)
                    for _ in range(self.check_samples)]
         stay, move = self.planner.check(view, d, samples)
         n = len(view.engines)

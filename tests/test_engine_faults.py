@@ -4,6 +4,7 @@ and a decode engine that finds no stored KV. Each rollout must complete every tr
 with a consistent lifecycle; the recovery time of each fault is logged (harness/engines/faults.py)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import shutil
@@ -137,25 +138,37 @@ def test_missing_kv_is_recomputed(pool):
     after the first prefill of the run returns, every stored file is removed, before the decode engine
     loads it. That decode engine finds no stored KV and computes the prompt itself (first turns, one
     trajectory per group: nothing of it is in its own prefix cache either); every turn completes with
-    its scripted output, and later turns load their KV through the connector again."""
+    its scripted output, and later turns load their KV through the connector again. The other
+    prefills wait until the files are removed: removing a prompt's files while the prefill engine is
+    still writing them would leave a partial store, on which the connector's load fails and the decode
+    server dies (the harness then recovers, but the retried turn loads its KV again)."""
     kv_dir = Path(pool.kv_dir)
     removed = []
 
     def arm(backend, driver):
         prefill_leg = backend._prefill_leg
+        done = asyncio.Event()
+        first = []
 
         async def prefill_then_remove(job, ids, t_ready):
-            params = await prefill_leg(job, ids, t_ready)
-            if not removed:
+            if first:
+                await done.wait()
+                return await prefill_leg(job, ids, t_ready)
+            first.append(job)
+            try:
+                params = await prefill_leg(job, ids, t_ready)
                 for d in kv_dir.iterdir():
                     shutil.rmtree(d, ignore_errors=True)
                 removed.append((job.request.trajectory_id, job.request.turn))
-            return params
+                return params
+            finally:
+                done.set()
         backend._prefill_leg = prefill_then_remove
 
     result, df, backend = rollout(pool, ["policy=fixed_pd", "policy.num_prefill=1", "workload.group_size=1",
                                          "workload.batch_size=6"], before_run=arm)
     assert removed and removed[0][1] == 0
+    assert not [e for e in result.events if e.kind == EventKind.ENGINE_FAILED], "an engine failed"
     check_complete_once(result, df)
     ok = check_legs_on_routes(df, backend)
     dec = ok[ok.kind == "decode"].set_index(["trajectory_id", "turn"])

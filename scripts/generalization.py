@@ -61,6 +61,12 @@ SETTINGS: dict[str, list[str]] = {
                                    "workload.output_median=2000", "workload.tool_output_median=1000"],
     "browse_drain_sglang_async": ["workload=browse", "cluster=moe_h200_sglang", "cluster.switch_mechanism=drain",
                                   "mode=async", "mode.max_in_flight=256"],
+    # Fourth group, chosen before its first run, after the sync check: drain and kv_both switching on
+    # dense engines without DP attention, in async.
+    "browse_dense8_drain_async": ["workload=browse", "cluster=dense8_h100", "cluster.switch_mechanism=drain",
+                                  "mode=async", "mode.max_in_flight=128"],
+    "tooluse_dense8_kvboth_async": ["workload=tooluse", "cluster=dense8_h100", "cluster.switch_mechanism=kv_both",
+                                    "mode=async", "mode.max_in_flight=128"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 

@@ -44,6 +44,7 @@ def test_reasoning_decodes_and_browse_prefills():
 
 
 @pytest.mark.parametrize("experiment, families", [("shift_reason_browse", ("reasoning", "browse")),
+                                                  ("shift_reason_browse_kvboth_64gpu", ("reasoning", "browse")),
                                                   ("shift_swe_search", ("swe", "search"))])
 def test_shifting_mix_follows_its_schedule(experiment, families):
     cfg = compose_config([f"+experiment={experiment}"])

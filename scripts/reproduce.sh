@@ -62,12 +62,20 @@ done
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false
-"$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" --out "$OUT/report-shift"
+# The same kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at three seeds,
+# switching off at seed 0.
+E64=shift_reason_browse_kvboth_64gpu
+sweep $E64 +experiment=$E64 policy=colocate,prorsa seed=0,1,2
+sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 seed=0,1,2
+sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
+"$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 "$PY" scripts/pd_benefits.py "$OUT" > "$OUT/report/pd_benefits.md"
-# Section 6, the regime map (96 sync cells; writes its CSV and heatmaps in OUT/regime_map), and section 4's
+# Section 6, the regime map (96 sync cells, 24 async; writes its CSV and heatmaps in OUT/regime_map and
+# OUT/regime_map_async), and section 4's
 # performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
 "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse
+"$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async   # 24 async cells
 "$PY" scripts/whatif_accuracy.py

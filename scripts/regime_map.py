@@ -145,7 +145,8 @@ def figures(df, out: Path) -> list[Path]:
                             if r["prorsa_speedup"] == r["prorsa_speedup"] else f"{r['best_fixed_speedup']:.2f}"
                         if r["max_gain_by_bound"] < 1.05:
                             text += " x"
-                        ax.text(b, a, text, ha="center", va="center", fontsize=6)
+                        dark = abs(norm(r["best_fixed_speedup"]) - 0.5) > 0.3   # white text on deep colours
+                        ax.text(b, a, text, ha="center", va="center", fontsize=6, color="white" if dark else "black")
                 ax.set_title(f"{e}, DP{p}", fontsize=8)
                 ax.set_xticks(range(len(outs)), [str(o) for o in outs], fontsize=7)
                 ax.set_yticks(range(len(news)), [str(n) for n in news], fontsize=7)

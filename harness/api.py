@@ -40,6 +40,7 @@ class EventKind(str, enum.Enum):
                                                     # or reset it): none of its trajectories' KV is there now
     ENGINE_FAILED = "engine_failed"
     ENGINE_RECOVERED = "engine_recovered"   # a failed engine is back, in its role
+    DECODE_MIGRATED = "decode_migrated"     # a turn's decode moved to engine_id (cluster.migrate_decodes_on_switch)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class LifecycleEvent:
 #   DECODE_END     tokens: output tokens of the turn
 #   PREEMPTED      tokens: KV tokens dropped, to be recomputed;
 #                  extra_tokens: tokens the interrupted prefill attempt had computed
+#   DECODE_MIGRATED tokens: KV tokens shipped to the new decode engine (0: the leg had not started);
+#                  extra_tokens: output tokens generated before the move
 
 
 @dataclass

@@ -42,6 +42,7 @@ class ClusterConfig:
     flush_prefix_cache_on_weight_update: bool = True   # RL frameworks flush after each weight update
     switch_mechanism: str = "reshard"          # kv_both | drain | reshard (harness/schema.py ClusterSchema)
     router_update_s: float = 0.0               # kv_both: the whole cost of a switch
+    migrate_decodes_on_switch: bool = False    # kv_both: an engine turned prefill engine ships its decodes out
     router_balance_abs_requests: int = 64      # a turn leaves its prefix's engine above this many requests
     router_balance_rel: float = 1.5            # ... more than the least busy, and this many times its own
                                                # (sgl-router's cache_aware defaults; harness/routing.py Balance)
@@ -92,6 +93,9 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         _require(not pp.ep or model.moe is not None, f"parallelism.{role.value}.ep", True,
                  f"false for the dense model {model.name}")
         par[role] = pp
+    if c.get("migrate_decodes_on_switch"):
+        _require(c.get("switch_mechanism", "reshard") == "kv_both", "migrate_decodes_on_switch", True,
+                 "false unless cluster.switch_mechanism=kv_both (drain and reshard empty the engine first)")
     perf = dict(perf_defaults())
     for key, v in dict(c.get("perf") or {}).items():
         _require(key in perf, f"perf.{key}", v, ", ".join(perf))
@@ -115,7 +119,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
 _OPTIONAL = ("engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "switch_mechanism", "router_update_s",
-             "router_balance_abs_requests", "router_balance_rel")
+             "migrate_decodes_on_switch", "router_balance_abs_requests", "router_balance_rel")
 
 
 def cost_model(cluster: ClusterConfig, role: Role):

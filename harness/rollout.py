@@ -215,6 +215,8 @@ class RolloutDriver:
         elif e.kind == K.TRANSFER_END:
             rec.t_transfer_end = e.t
             rec.transferred_tokens += e.tokens
+        elif e.kind == K.DECODE_MIGRATED:
+            rec.engine_decode = e.engine_id
         elif e.kind == K.DECODE_START:
             if math.isnan(rec.t_decode_start):
                 rec.t_decode_start = e.t

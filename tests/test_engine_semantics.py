@@ -233,3 +233,59 @@ def test_generated_tokens_as_a_streaming_client_counts_them(fast_forward):
         backend.loop.at(t, lambda t=t: seen.__setitem__(t, backend.view().generated_tokens()), observer=True)
     backend.run()
     assert seen == {0.05: {}, 10.6: {0: 11}, 48.6: {0: 49}, 60.0: {}}
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("migrate", [False, True])
+def test_a_decode_moves_off_an_engine_turned_prefill_engine(migrate, fast_forward):
+    """kv_both, engines 0 and 1 decode engines. A (prompt 100, 5 tokens) runs colocated on engine 0:
+    prefill to 0.1 s (first token), then 1-s decode steps. At 1.5 s engine 0 is asked to become a prefill
+    engine; the router update takes 0.25 s. Without migration A ends on engine 0 at 4.1 s. With it, the
+    step under way ends at 2.1 s (3 tokens); A leaves with its 102 tokens of KV (prompt + 3 - 1: the last
+    sampled token has none), which reach engine 1 after setup + 102 x KV bytes / NIC rate, T; there its
+    two last tokens take a step each: it ends at 4.1 + T on engine 1, with 5 output tokens, and engine 0
+    holds none of its KV."""
+    cluster = cluster_of(TWO_RANKS + ["cluster.num_engines=2", "cluster.switch_mechanism=kv_both",
+                                      "cluster.router_update_s=0.25",
+                                      f"cluster.migrate_decodes_on_switch={str(migrate).lower()}"])
+    backend = UnitBackend(cluster, [Role.DECODE, Role.DECODE], fast_forward=fast_forward)
+    events = []
+    backend.set_listener(events.append, lambda r: None)
+    backend.submit(request(0, 100, 5), Route(0, 0))
+    backend.loop.at(1.5, lambda: backend.switch_role(0, Role.PREFILL))
+    backend.run()
+    end = next(e for e in events if e.kind == EventKind.DECODE_END)
+    moved = [e for e in events if e.kind == EventKind.DECODE_MIGRATED]
+    assert end.tokens == 5
+    assert sum(e.kind == EventKind.FIRST_TOKEN for e in events) == 1
+    if not migrate:
+        assert (end.t, end.engine_id, moved) == (pytest.approx(4.1), 0, [])
+        return
+    t = cluster.kv_transfer_setup_s + 102 * cluster.model.kv_bytes_per_token / backend._nic_bw
+    assert [(e.t, e.engine_id, e.tokens, e.extra_tokens) for e in moved] == [(pytest.approx(2.1), 1, 102, 3)]
+    assert (end.t, end.engine_id) == (pytest.approx(4.1 + t), 1)
+    assert backend.engines[0].scheduler.totals()[4] == 0     # no KV in use on engine 0
+    assert not any(e.kind == EventKind.TRANSFER_END for e in events)   # the move is reported as such
+
+
+def test_a_decode_leg_bound_for_an_engine_turned_prefill_engine_goes_to_a_decode_engine():
+    """Engine 0 prefills B (prompt 2000: 2 s) for engine 1; at 0.5 s engine 1 becomes a prefill engine
+    (kv_both, instant), engine 2 stays a decode engine. With migration B's decode leg goes to engine 2
+    when the prefill ends, and pulls its 2,000 KV tokens from engine 0 (TRANSFER_END on engine 2)."""
+    cluster = cluster_of(TWO_RANKS + ["cluster.num_engines=3", "cluster.switch_mechanism=kv_both",
+                                      "cluster.router_update_s=0", "cluster.migrate_decodes_on_switch=true"])
+    backend = UnitBackend(cluster, [Role.PREFILL, Role.DECODE, Role.DECODE])
+    events = []
+    backend.set_listener(events.append, lambda r: None)
+    backend.submit(request(1, 2000, 3), Route(0, 1))
+    backend.loop.at(0.5, lambda: backend.switch_role(1, Role.PREFILL))
+    backend.run()
+    kinds = {e.kind: e for e in events}
+    assert (kinds[EventKind.DECODE_MIGRATED].engine_id, kinds[EventKind.DECODE_MIGRATED].tokens) == (2, 0)
+    assert (kinds[EventKind.TRANSFER_END].engine_id, kinds[EventKind.TRANSFER_END].tokens) == (2, 2000)
+    assert (kinds[EventKind.DECODE_END].engine_id, kinds[EventKind.DECODE_END].tokens) == (2, 3)
+
+
+def test_migration_needs_kv_both():
+    with pytest.raises(ValueError, match="migrate_decodes_on_switch.*kv_both"):
+        cluster_of(TWO_RANKS + ["cluster.switch_mechanism=drain", "cluster.migrate_decodes_on_switch=true"])

@@ -149,6 +149,9 @@ def vllm_switch_wait_s(cluster: ClusterConfig) -> float:
     if cluster.engine != "vllm":
         raise ValueError(f"cluster.engine={cluster.engine!r} is invalid for the vLLM backend (the what-if would "
                          "model another engine's steps); allowed: vllm")
+    if cluster.migrate_decodes_on_switch:
+        raise ValueError("cluster.migrate_decodes_on_switch=true is invalid for the vLLM backend: vLLM cannot move "
+                         "a running request to another server (Llumnix patches it to); allowed: false")
     return float(cluster.router_update_s)
 
 

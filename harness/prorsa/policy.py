@@ -107,6 +107,9 @@ class Prorsa:
         self.prefix.observe(event)
         if event.kind in (EventKind.DECODE_END, EventKind.TRAJECTORY_END):
             self.routes.pop(event.trajectory_id, None)
+        elif event.kind == EventKind.DECODE_MIGRATED and event.trajectory_id in self.routes:
+            old = self.routes[event.trajectory_id]   # the KV leaves from where it is (the prefill side)
+            self.routes[event.trajectory_id] = Route(old.prefill_engine, event.engine_id, old.priority)
         if event.kind == EventKind.TURN_READY:
             self.forecaster.observe_arrival(event.t, event.tokens)
 

@@ -87,6 +87,8 @@ class LifecycleTracker:
         elif e.kind == K.DECODE_START:
             self._enter(s, Phase.DECODING, e.t)
             s.engine = e.engine_id
+        elif e.kind == K.DECODE_MIGRATED:
+            s.engine = e.engine_id
         elif e.kind == K.FIRST_TOKEN:
             self._decode_first_token[e.trajectory_id] = e.t
         elif e.kind == K.DECODE_END:

@@ -26,7 +26,7 @@ from harness.perf.roofline import Parallelism
 from harness.routing import EngineList, decode_load, prefill_load, request_load
 from harness.sim.clock import EventLoop
 from harness.sim.engine import EngineConfig, SimEngine
-from harness.sim.scheduler import HandOff, Leg, PullKV, Report, SchedulerConfig, SimRequest
+from harness.sim.scheduler import HandOff, Leg, PullKV, Report, Scheduler, SchedulerConfig, SimRequest
 from harness.timeline import RoleTimeline
 
 
@@ -269,6 +269,8 @@ class SimBackend:
         if e.busy:
             return
         self.mark_stale(e)
+        if e.ships_decodes and e.scheduler.has_decodes:
+            self._ship_decodes(e)
         plan, end = e.start_step(self.loop.now)
         if plan.outputs:
             self._act(e, plan.outputs)
@@ -307,7 +309,10 @@ class SimBackend:
         d = s.route.decode_engine
         self._inbound[d] -= 1
         self._inbound_tokens[d] -= s.request.prompt_tokens
-        self._enqueue(self.engines[d], SimRequest(s.request, s.route, Leg.DECODE, target=s.request.prompt_tokens))
+        leg = SimRequest(s.request, s.route, Leg.DECODE, target=s.request.prompt_tokens)
+        if self.engines[d].ships_decodes and self._redirect(leg):
+            return
+        self._enqueue(self.engines[d], leg)
 
     def _pull_kv(self, pull: PullKV) -> None:
         s, tokens = pull.request, pull.tokens
@@ -320,7 +325,8 @@ class SimBackend:
     def _arrived(self, s: SimRequest, tokens: int) -> None:
         r = s.request
         d = s.route.decode_engine
-        self._on_event(_event(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d, tokens, 0))
+        if not s.resumed:   # (a migrated decode reported its move: DECODE_MIGRATED)
+            self._on_event(_event(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d, tokens, 0))
         e = self.engines[d]
         e.scheduler.transfer_done(s)
         self._wake(e)
@@ -337,6 +343,47 @@ class SimBackend:
         self.timeline.enter(e.id, self.loop.now, e.role, "switching")
         self.loop.at_engine(self.loop.now + delay, partial(self._switch_done, e, reshard))
 
+    # --- decode migration (cluster.migrate_decodes_on_switch) --------------------------------------
+    def _decode_target(self, kv_tokens: int) -> SimEngine | None:
+        """The serving decode engine with the least KV memory in use or promised (the router's
+        decode_load) whose ranks can hold `kv_tokens`."""
+        fit = [x for x in self.engines
+               if x.role is Role.DECODE and x.available and x.scheduler.rank_capacity >= kv_tokens]
+        return min(fit, key=lambda x: decode_load(self._engine_state(x)), default=None)
+
+    def _redirect(self, leg: SimRequest) -> bool:
+        """A decode leg bound for an engine that became a prefill engine goes to a decode engine (its
+        KV is still where it was prefilled). False if no decode engine can take it now."""
+        t = self._decode_target(Scheduler.kv_need(leg))
+        if t is None:
+            return False
+        r, route = leg.request, leg.route
+        moved = SimRequest(r, Route(route.prefill_engine, t.id, route.priority), Leg.DECODE,
+                           target=r.prompt_tokens, resumed=leg.resumed)
+        self._on_event(_event(EventKind.DECODE_MIGRATED, self.loop.now, r.trajectory_id, r.turn, t.id, 0,
+                              leg.resumed))
+        self._enqueue(t, moved)
+        return True
+
+    def _ship_decodes(self, e: SimEngine) -> None:
+        """Live migration, between two steps of `e`: each decode under way leaves with its KV (shipped
+        over the NICs as a prefill-to-decode transfer is) and resumes on a decode engine with the tokens
+        it generated; its KV is freed here. Stop-and-copy: the turn decodes nothing while its KV moves
+        (Llumnix overlaps the copy with decoding, Sun et al., OSDI 2024, so this is an upper bound on
+        the pause)."""
+        fits = max((x.scheduler.rank_capacity for x in self.engines
+                    if x.role is Role.DECODE and x.available), default=0)
+        if not fits:
+            return   # no decode engine serves yet (all switching): the next step tries again
+        for s, generated, held in e.scheduler.take_decoding(fits):
+            r = s.request
+            t = self._decode_target(r.prompt_tokens + generated)
+            leg = SimRequest(r, Route(e.id, t.id, s.route.priority), Leg.DECODE, target=r.prompt_tokens,
+                             resumed=generated)
+            self._on_event(_event(EventKind.DECODE_MIGRATED, self.loop.now, r.trajectory_id, r.turn, t.id,
+                                  held, generated))
+            self._enqueue(t, leg)
+
     def _switch_done(self, e: SimEngine, reshard: bool) -> None:
         old, role = e.role, e.target_role
         cleared = reshard or (self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch)
@@ -349,12 +396,17 @@ class SimBackend:
         e.target_role = None
         e.available = True
         e.switching = False
+        e.ships_decodes = self.cluster.migrate_decodes_on_switch and role is Role.PREFILL
         self.mark_stale(e)
         self.timeline.enter(e.id, self.loop.now, e.role, "serving")
         if cleared:
             self._on_event(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, self.loop.now, engine_id=e.id))
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
                                       detail=f"{old.value}->{role.value}"))
+        if e.ships_decodes:
+            kept = [leg for leg in e.scheduler.take_decode_legs() if not self._redirect(leg)]
+            for leg in kept:
+                self._enqueue(e, leg)   # no decode engine serves yet: admitted here, shipped once decoding
         self._wake(e)
 
     # --- forks ----------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class SimEngine:
         self.target_role: Role | None = None
         self.available = True
         self.switching = False
+        self.ships_decodes = False   # a prefill engine sending its decodes away (migrate_decodes_on_switch)
         self.version = 0             # invalidates a scheduled step end when a span is cut short
         self.busy = False
         self.pending_wake = False    # a step start is scheduled

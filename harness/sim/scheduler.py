@@ -66,6 +66,7 @@ class SimRequest:
     clock0: int = 0                 # rank decode_clock when this request joined the decode batch
     started_prefill: bool = False
     recompute: bool = False         # preempted before: prefill prompt + generated, no handoff
+    resumed: int = 0                # a decode moved here under way: output tokens it had generated
 
     @property
     def trajectory_id(self) -> int:
@@ -201,7 +202,7 @@ class Scheduler:
     @staticmethod
     def kv_need(s: SimRequest) -> int:
         """The KV tokens a leg reserves on admission."""
-        return s.request.prompt_tokens if s.leg is Leg.DECODE else s.target
+        return s.request.prompt_tokens + s.resumed if s.leg is Leg.DECODE else s.target
 
     def take_waiting(self) -> list[SimRequest]:
         """Hand back the legs not yet admitted that a router may send elsewhere (role switch)."""
@@ -216,6 +217,51 @@ class Scheduler:
                 else:
                     keep.append(s)
             r.waiting = keep
+        return out
+
+    def take_decode_legs(self) -> list[SimRequest]:
+        """Hand back the decode legs not yet admitted (a decode engine turned prefill engine sends them
+        to another decode engine)."""
+        out = []
+        for r in self.ranks:
+            keep = deque()
+            for s in r.waiting:
+                if s.leg is Leg.DECODE and not s.recompute:
+                    out.append(s)
+                    r.waiting_kv -= self.kv_need(s)
+                else:
+                    keep.append(s)
+            r.waiting = keep
+        return out
+
+    @property
+    def has_decodes(self) -> bool:
+        """Some rank decodes, or holds a decode leg whose KV arrived."""
+        return any(r.decode_n or r.ready for r in self.ranks)
+
+    def take_decoding(self, fits: int) -> list[tuple[SimRequest, int, int]]:
+        """Remove every decode under way past its first token whose context fits in `fits` KV tokens,
+        its KV freed here (live migration: the backend ships the KV and the decode resumes elsewhere):
+        (request, output tokens generated, KV tokens it held). Call between steps. A decode still to
+        emit its first token stays for a later call, so each turn reports its first token once."""
+        out = []
+        for r in self.ranks:
+            if not r.decode_n:
+                continue
+            for seq, s in list(r.running.items()):
+                if s.status is not _DECODING or s in r.first_token_due:
+                    continue
+                generated = r.generated(s)
+                if s.request.prompt_tokens + generated > fits:
+                    continue
+                held = r.held(s)
+                out.append((s, generated, held))
+                r.decode_n -= 1
+                r.decode_ctx -= held
+                r.kv.release(held)
+                del r.running[seq]
+                s.status = _DONE
+                r.next_finish = None     # its heap entry is stale now
         return out
 
     def transfer_done(self, s: SimRequest) -> None:
@@ -268,7 +314,7 @@ class Scheduler:
             tid = s.request.trajectory_id
             hit = kv.take_prefix(tid)
             if s.leg is Leg.DECODE and not s.recompute:
-                need = s.request.prompt_tokens
+                need = s.request.prompt_tokens + s.resumed
                 local = min(hit, need)
             else:
                 need = s.target
@@ -287,7 +333,8 @@ class Scheduler:
             if s.leg is Leg.DECODE and not s.recompute:
                 s.status = _TRANSFERRING
                 s.target = need
-                outputs.append(PullKV(s, need - local))
+                # a moved decode's last sampled token has no KV yet (its next step computes it)
+                outputs.append(PullKV(s, max(need - local - (1 if s.resumed else 0), 0)))
             else:
                 s.status = _PREFILLING
                 r.prefilling[s.admit_seq] = s
@@ -371,8 +418,9 @@ class Scheduler:
                     # decode side, as vLLM's connectors do), so the context grows from prompt - 1.
                     s.kv_held -= 1
                     kv.release(1)
-                    self._join_decode(r, s, generated=0)
-                    outputs.append(Report(EventKind.DECODE_START, s))
+                    self._join_decode(r, s, generated=s.resumed)
+                    if not s.resumed:
+                        outputs.append(Report(EventKind.DECODE_START, s))
                 r.ready.clear()
             if prefill_first:
                 # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.

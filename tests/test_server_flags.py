@@ -192,6 +192,14 @@ def test_vllm_refuses_sglang_step_semantics():
         vllm_switch_wait_s(cluster)
 
 
+def test_vllm_refuses_decode_migration():
+    """vLLM cannot move a running request between servers: a cluster that says it can would have the
+    what-if price moves the servers never make."""
+    cluster = cluster_of(["cluster=cpu_small", "cluster.migrate_decodes_on_switch=true"])
+    with pytest.raises(ValueError, match="cluster.migrate_decodes_on_switch=true is invalid for the vLLM backend"):
+        vllm_switch_wait_s(cluster)
+
+
 def test_removed_backend_switch_time_is_refused():
     """The schema refuses the removed key with the pointer to the cluster key that owns the value."""
     with pytest.raises(ValueError, match="backend.switch_time_s=2.0 is no longer a key here.*router_update_s"):

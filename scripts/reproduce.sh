@@ -68,6 +68,11 @@ E64=shift_reason_browse_kvboth_64gpu
 sweep $E64 +experiment=$E64 policy=colocate,prorsa seed=0,1,2
 sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 seed=0,1,2
 sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
+# Both kv_both curricula with decode migration (cluster.migrate_decodes_on_switch=true): Prorsa at three
+# seeds; the statics are the ones above (a static allocation never switches, so it never migrates).
+MIG=cluster.migrate_decodes_on_switch=true
+sweep shift_reason_browse_kvboth_migrate +experiment=shift_reason_browse_kvboth $MIG policy=prorsa seed=0,1,2
+sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
 "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"

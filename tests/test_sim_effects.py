@@ -205,3 +205,23 @@ def test_sync_step_boundary_plan_sets_the_roles_the_next_step_starts_in(small):
     # drain at once) counted in the step's window
     assert two.t_prefill_start.min() == pytest.approx(first_end + 6.0)
     assert result.step_windows[1][0] == pytest.approx(first_end)
+
+
+def test_decode_migration_moves_every_decode_off_the_switched_engine_and_loses_nothing(small):
+    """kv_both with migration, 1P2D; at 3 s decode engine 1 becomes a prefill engine. Its decodes under
+    way move to engine 2 (the only decode engine left) and finish there with every token; nothing decodes
+    on engine 1 after the step that was under way."""
+    from tests.test_sim_invariants import check_invariants
+    overrides = small + ["cluster.num_engines=3", "cluster.switch_mechanism=kv_both",
+                         "cluster.migrate_decodes_on_switch=true", "workload.output_median=600"]
+    result, df, _ = simulate(overrides, policy=SwitchAt([Role.PREFILL, Role.DECODE, Role.DECODE],
+                                                        {1: Role.PREFILL}, at_s=3.0, control_interval_s=1.0),
+                             keep_events=True)
+    check_invariants(result, df)
+    moved = [e for e in result.events if e.kind == EventKind.DECODE_MIGRATED]
+    assert moved and all(e.engine_id == 2 and e.t >= 3.0 for e in moved)
+    assert any(e.tokens > 0 and e.extra_tokens > 0 for e in moved)   # decodes under way, with their KV
+    after = df[df.t_decode_end > 4.0]
+    assert len(after) and (after.engine_decode == 2).all()
+    rows = df.set_index(["trajectory_id", "turn"])
+    assert all(rows.loc[(e.trajectory_id, e.turn), "engine_decode"] == 2 for e in moved)

@@ -109,8 +109,8 @@ class ClusterSchema:
     switch_mechanism: str = key(choices=("kv_both", "drain", "reshard"), omittable=True)
     router_update_s: float = key(ge=0, omittable=True)
     # kv_both only: when an engine becomes a prefill engine, each decode it runs moves to the decode
-    # engine with the most free KV memory, its KV shipped over the NIC and its output so far kept (live
-    # migration as Llumnix does it, Sun et al., OSDI 2024); decode legs queued there are re-sent.
+    # engine with the least KV in use or promised, its KV shipped over the NIC and its output so far kept
+    # (live migration as Llumnix does it, Sun et al., OSDI 2024); decode legs bound for it are re-sent.
     migrate_decodes_on_switch: bool = key(omittable=True)
     router_balance_abs_requests: int = key(ge=0, omittable=True)
     router_balance_rel: float = key(ge=1, omittable=True)

@@ -842,3 +842,18 @@ def test_decode_left_sums_the_rest_of_each_engines_turns():
            FutureTrajectory(2, "a", 0.0, [FutureTurn(10, 0, 200, 0.0)], in_progress=True, route=Route(1, 2)),
            FutureTrajectory(3, "a", 1.0, [FutureTurn(10, 0, 700, 0.0)])]        # in a tool call: no engine
     assert decode_left(fts) == {2: 500.0}
+
+
+def test_a_migrated_decode_is_known_where_it_went():
+    """DECODE_MIGRATED (cluster.migrate_decodes_on_switch): the tracker's engine of the decoding turn
+    and Prorsa's route of the turn under way follow it, so the what-if places it where it now runs."""
+    from hydra.utils import instantiate
+    t = LifecycleTracker()
+    feed(t, [E(K.TRAJECTORY_START, 0.0, 5, 0, detail="fam"), E(K.TURN_READY, 0.0, 5, 0, tokens=100),
+             E(K.PREFILL_START, 0.1, 5, 0), E(K.PREFILL_END, 0.2, 5, 0, engine_id=0),
+             E(K.DECODE_START, 0.3, 5, 0, engine_id=2), E(K.DECODE_MIGRATED, 1.0, 5, 0, engine_id=3)])
+    assert t.live[5].engine == 3 and t.live[5].phase == Phase.DECODING
+    policy = instantiate(load_config(["policy=prorsa"]).policy)
+    policy.routes[5] = Route(0, 2, 1.5)
+    policy.observe(E(K.DECODE_MIGRATED, 1.0, 5, 0, engine_id=3, tokens=100, extra_tokens=7))
+    assert policy.routes[5] == Route(0, 3, 1.5)

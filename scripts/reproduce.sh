@@ -63,11 +63,12 @@ sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_m
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false
 # The same kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at three seeds,
-# switching off at seed 0.
+# both ablations at seed 0.
 E64=shift_reason_browse_kvboth_64gpu
 sweep $E64 +experiment=$E64 policy=colocate,prorsa seed=0,1,2
 sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 seed=0,1,2
 sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
+sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
 # Both kv_both curricula with decode migration (cluster.migrate_decodes_on_switch=true): Prorsa at three
 # seeds; the statics are the ones above (a static allocation never switches, so it never migrates).
 MIG=cluster.migrate_decodes_on_switch=true

@@ -357,13 +357,17 @@ class SimBackend:
         t = self._decode_target(Scheduler.kv_need(leg))
         if t is None:
             return False
-        r, route = leg.request, leg.route
-        moved = SimRequest(r, Route(route.prefill_engine, t.id, route.priority), Leg.DECODE,
-                           target=r.prompt_tokens, resumed=leg.resumed)
-        self._on_event(_event(EventKind.DECODE_MIGRATED, self.loop.now, r.trajectory_id, r.turn, t.id, 0,
-                              leg.resumed))
-        self._enqueue(t, moved)
+        self._move(leg, leg.route.prefill_engine, t, leg.resumed, shipped=0)
         return True
+
+    def _move(self, leg: SimRequest, kv_from: int, t: SimEngine, resumed: int, shipped: int) -> None:
+        """`leg`'s turn decodes on `t` from now on, its KV pulled from engine `kv_from`; reported as
+        DECODE_MIGRATED (`shipped` KV tokens, `resumed` output tokens generated before)."""
+        r = leg.request
+        self._on_event(_event(EventKind.DECODE_MIGRATED, self.loop.now, r.trajectory_id, r.turn, t.id, shipped,
+                              resumed))
+        self._enqueue(t, SimRequest(r, Route(kv_from, t.id, leg.route.priority), Leg.DECODE,
+                                    target=r.prompt_tokens, resumed=resumed))
 
     def _ship_decodes(self, e: SimEngine) -> None:
         """Live migration, between two steps of `e`: each decode under way leaves with its KV (shipped
@@ -376,13 +380,7 @@ class SimBackend:
         if not fits:
             return   # no decode engine serves yet (all switching): the next step tries again
         for s, generated, held in e.scheduler.take_decoding(fits):
-            r = s.request
-            t = self._decode_target(r.prompt_tokens + generated)
-            leg = SimRequest(r, Route(e.id, t.id, s.route.priority), Leg.DECODE, target=r.prompt_tokens,
-                             resumed=generated)
-            self._on_event(_event(EventKind.DECODE_MIGRATED, self.loop.now, r.trajectory_id, r.turn, t.id,
-                                  held, generated))
-            self._enqueue(t, leg)
+            self._move(s, e.id, self._decode_target(s.request.prompt_tokens + generated), generated, shipped=held)
 
     def _switch_done(self, e: SimEngine, reshard: bool) -> None:
         old, role = e.role, e.target_role
@@ -404,7 +402,7 @@ class SimBackend:
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_END, self.loop.now, engine_id=e.id,
                                       detail=f"{old.value}->{role.value}"))
         if e.ships_decodes:
-            kept = [leg for leg in e.scheduler.take_decode_legs() if not self._redirect(leg)]
+            kept = [leg for leg in e.take_waiting(decode_legs=True) if not self._redirect(leg)]
             for leg in kept:
                 self._enqueue(e, leg)   # no decode engine serves yet: admitted here, shipped once decoding
         self._wake(e)

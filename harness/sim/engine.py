@@ -135,8 +135,8 @@ class SimEngine:
         return self.scheduler.update_from_output(plan, steps)
 
     # --- role switches --------------------------------------------------------------------------
-    def take_waiting(self) -> list[SimRequest]:
-        return self.scheduler.take_waiting()
+    def take_waiting(self, decode_legs: bool = False) -> list[SimRequest]:
+        return self.scheduler.take_waiting(decode_legs)
 
     def clear_prefix_cache(self) -> None:
         self.scheduler.clear_prefix_cache()

@@ -204,31 +204,19 @@ class Scheduler:
         """The KV tokens a leg reserves on admission."""
         return s.request.prompt_tokens + s.resumed if s.leg is Leg.DECODE else s.target
 
-    def take_waiting(self) -> list[SimRequest]:
-        """Hand back the legs not yet admitted that a router may send elsewhere (role switch)."""
+    def take_waiting(self, decode_legs: bool = False) -> list[SimRequest]:
+        """Hand back the legs not yet admitted that a router may send elsewhere (role switch): the
+        prefill and colocated legs (a draining engine), or the decode legs (`decode_legs`: a decode
+        engine turned prefill engine sends them to another decode engine). Recomputes stay."""
         out = []
         for r in self.ranks:
             keep = deque()
             for s in r.waiting:
-                if s.leg is not Leg.DECODE and not s.recompute:
-                    out.append(s)
-                    r.pending_prefill -= s.target
-                    r.waiting_kv -= s.target
-                else:
-                    keep.append(s)
-            r.waiting = keep
-        return out
-
-    def take_decode_legs(self) -> list[SimRequest]:
-        """Hand back the decode legs not yet admitted (a decode engine turned prefill engine sends them
-        to another decode engine)."""
-        out = []
-        for r in self.ranks:
-            keep = deque()
-            for s in r.waiting:
-                if s.leg is Leg.DECODE and not s.recompute:
+                if (s.leg is Leg.DECODE) == decode_legs and not s.recompute:
                     out.append(s)
                     r.waiting_kv -= self.kv_need(s)
+                    if s.leg is not Leg.DECODE:
+                        r.pending_prefill -= s.target
                 else:
                     keep.append(s)
             r.waiting = keep

@@ -150,15 +150,16 @@ def pick(candidates: list[EngineState], preferred: int | None, load, balance: Ba
 
 
 def route_by_role(request: TurnRequest, view: ClusterView, prefix: PrefixTracker,
-                  balance: Balance = SGL_ROUTER) -> Route | None:
+                  balance: Balance = SGL_ROUTER, placement=decode_load) -> Route | None:
     """Route to whatever roles exist now: PD when prefill and decode engines are available, else a
-    colocated engine, else append-prefill on a decode engine; None (wait) when nothing can serve."""
+    colocated engine, else append-prefill on a decode engine; None (wait) when nothing can serve.
+    `placement`: the load that picks the engine to decode a turn no candidate holds the prefix of."""
     tid = request.trajectory_id
     p = pick(view.with_role(Role.PREFILL), prefix.prefill_engine.get(tid), prefill_load, balance)
-    d = pick(view.with_role(Role.DECODE), prefix.decode_engine.get(tid), decode_load, balance)
+    d = pick(view.with_role(Role.DECODE), prefix.decode_engine.get(tid), placement, balance)
     if p is not None and d is not None:
         return Route(p.engine_id, d.engine_id)
-    c = pick(view.with_role(Role.COLOCATED), prefix.decode_engine.get(tid), decode_load, balance)
+    c = pick(view.with_role(Role.COLOCATED), prefix.decode_engine.get(tid), placement, balance)
     if c is not None:
         return Route(c.engine_id, c.engine_id)
     if d is not None:

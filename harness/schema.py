@@ -288,6 +288,7 @@ class ProrsaSchema:
     initial_samples: int = key(ge=1)
     initial_max_samples: int = key(ge=1)
     priority: str = key(choices=("fcfs", "remaining_work"))
+    placement: str = key(choices=("kv_load", "forecast_work"))
     seed: int = key(ge=0)
     name: str = key(nonempty=True, omittable=True)
     _target_: str = target("harness.prorsa.policy.Prorsa")

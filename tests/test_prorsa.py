@@ -857,3 +857,76 @@ def test_a_migrated_decode_is_known_where_it_went():
     policy.routes[5] = Route(0, 2, 1.5)
     policy.observe(E(K.DECODE_MIGRATED, 1.0, 5, 0, engine_id=3, tokens=100, extra_tokens=7))
     assert policy.routes[5] == Route(0, 3, 1.5)
+
+
+def test_forecast_work_placement_spreads_first_turns_by_forecast_decode_work():
+    """`placement: forecast_work`, deterministic priors (every trajectory 5 turns of 40 tokens): a
+    turn k counts 40 x (5 - k) tokens on its decode engine. On three idle decode engines (equal KV),
+    six first turns go 1, 2, 3, 1, 2, 3 (the shared router's rule sends all six to engine 1); a turn 3
+    of another trajectory (80 tokens) then goes to engine 1 (400 tokens, as all are; then lowest id),
+    and after trajectory 2 ends (200 tokens off engine 2) the next first turn goes to engine 2. A
+    migrated decode takes its work with it."""
+    from harness.api import EngineState, TurnRequest
+    from harness.prorsa.policy import Prorsa
+    from harness.prorsa.placement import DecodeWork, turns_left_factor
+    assert turns_left_factor(np.full(10, 5.0), 8) == pytest.approx([5, 4, 3, 2, 1, 1, 1, 1])
+    roles = [Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE]
+    view = ClusterView(0.0, [EngineState(i, r, True, 4, 0, 0, 0, 0, 0, 1_000_000) for i, r in enumerate(roles)])
+
+    def turn(tid, k=0):
+        return TurnRequest(trajectory_id=tid, group_id=tid, turn=k, family="fam", prompt_tokens=100,
+                           appended_tokens=100, max_output_tokens=40, t_ready=0.0)
+
+    def placed(policy, requests):
+        return [policy.route(r, view).decode_engine for r in requests]
+
+    shared = Prorsa(initial="colocated")
+    shared.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=4"]), RUN)
+    assert placed(shared, [turn(t) for t in range(1, 7)]) == [1] * 6
+    policy = Prorsa(initial="colocated", placement="forecast_work")
+    policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=4"]), RUN)
+    assert policy.work.left["fam"][:6] == pytest.approx([200, 160, 120, 80, 40, 40])
+    assert placed(policy, [turn(t) for t in range(1, 7)]) == [1, 2, 3, 1, 2, 3]
+    assert placed(policy, [turn(7, 3)]) == [1]
+    assert dict(policy.work.on) == pytest.approx({1: 480, 2: 400, 3: 400})
+    policy.observe(E(K.TRAJECTORY_END, 1.0, 2, 4))
+    assert placed(policy, [turn(8)]) == [2]
+    policy.observe(E(K.DECODE_MIGRATED, 1.0, 7, 3, engine_id=3, tokens=100))
+    assert dict(policy.work.on) == pytest.approx({1: 400, 2: 400, 3: 480})
+    copy = policy.work.copy()
+    copy.drop(7)
+    assert policy.work.on[3] == pytest.approx(480) and copy.on[3] == pytest.approx(400)
+    assert isinstance(copy, DecodeWork)
+    from harness.experiment import checked
+    with pytest.raises(ValueError, match="policy.placement='round_robin' is invalid; allowed: kv_load, forecast_work"):
+        checked(load_config(["policy=prorsa", "policy.placement=round_robin"]).policy, "policy")
+
+
+def test_whatif_places_new_turns_as_the_policy_does(monkeypatch):
+    """With the policy's forecast-work placement the what-if routes as the run does: on 1P3D, where
+    the policy counts 1,000 forecast tokens on decode engine 1, an arriving first turn decodes on
+    engine 2 (without it, on engine 1: the least KV, then the lowest id), and the run leaves the
+    policy's own counts as they were (it works on a copy)."""
+    from harness.prorsa.placement import DecodeWork
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.sim.backend import SimBackend
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=4", "cluster.switch_mechanism=kv_both"])
+    sent: dict[int, Route] = {}
+    submit = SimBackend.submit
+    monkeypatch.setattr(SimBackend, "submit", lambda self, req, route: (sent.setdefault(req.trajectory_id, route),
+                                                                       submit(self, req, route))[1])
+    roles = [Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE]
+
+    def decode_engine(placement):
+        sent.clear()
+        whatif = WhatIf(cluster, 5, 4.0)
+        whatif.placement = placement
+        ft = FutureTrajectory(-1, "f", 0.5, [FutureTurn(300, 0, 10, 0.0)])
+        assert len(whatif.run([ft], roles, roles).ends) == 1
+        return sent[-1].decode_engine
+
+    work = DecodeWork({"f": np.array([1_000.0])})
+    work.assign(7, 1, "f", 0)
+    assert decode_engine(None) == 1
+    assert decode_engine(work) == 2
+    assert dict(work.on) == {1: 1_000.0} and work.of == {7: (1, 1_000.0)}

@@ -33,6 +33,7 @@ import numpy as np
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model
 from harness.prorsa.forecaster import Forecast, Forecaster
+from harness.prorsa.placement import DecodeWork, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
@@ -56,7 +57,7 @@ class Prorsa:
                  initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
                  max_candidates: int = 8, mix_window: int = 128,
                  confirm_plans: int = 2, check_samples: int = 4, priority: str = "fcfs",
-                 mix_forecast: str = "schedule", seed: int = 0, name: str = "prorsa"):
+                 mix_forecast: str = "schedule", placement: str = "kv_load", seed: int = 0, name: str = "prorsa"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -67,6 +68,7 @@ class Prorsa:
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
         self.confirm_plans, self.check_samples = confirm_plans, check_samples
         self.priority, self.mix_forecast = priority, mix_forecast
+        self.work = DecodeWork() if placement == "forecast_work" else None   # placement.py
         self._work_left: dict[str, np.ndarray] = {}   # family -> forecast work left (s) by turns so far
         self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
         self.tracker = LifecycleTracker()
@@ -94,8 +96,8 @@ class Prorsa:
         dp = decode.par.dp
         self.default_tpot_s = float(decode.decode_step_times(np.full(dp, 32 // dp or 1), np.zeros(dp), 1)[0])
         self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
-        if self.priority == "remaining_work":
-            self._forecast_work_left(self._sampler(0.0))
+        self._forecast_work_left(self._sampler(0.0))
+        self.planner.whatif.placement = self.work
         with nested_runs():
             split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
@@ -105,6 +107,8 @@ class Prorsa:
     def observe(self, event: LifecycleEvent) -> None:
         self.tracker.observe(event)
         self.prefix.observe(event)
+        if self.work is not None:
+            self.work.observe(event)
         if event.kind in (EventKind.DECODE_END, EventKind.TRAJECTORY_END):
             self.routes.pop(event.trajectory_id, None)
         elif event.kind == EventKind.DECODE_MIGRATED and event.trajectory_id in self.routes:
@@ -135,8 +139,7 @@ class Prorsa:
         self.tracker.count_generated(view.now, view.generated_tokens())
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
-        if self.priority == "remaining_work":
-            self._forecast_work_left(sampler)
+        self._forecast_work_left(sampler)
         if self.use_forecast:
             futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
@@ -210,7 +213,12 @@ class Prorsa:
         return target_roles(view, split)
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        route = route_by_role(request, view, self.prefix, self.balance)
+        if self.work is None:
+            route = route_by_role(request, view, self.prefix, self.balance)
+        else:
+            route = route_by_role(request, view, self.prefix, self.balance, self.work.load)
+            if route is not None:
+                self.work.assign(request.trajectory_id, route.decode_engine, request.family, request.turn)
         if route is not None and self.priority == "remaining_work":
             left = self._work_left[request.family]
             route = Route(route.prefill_engine, route.decode_engine, -float(left[min(request.turn, len(left) - 1)]))
@@ -233,18 +241,20 @@ class Prorsa:
 
     # --- helpers --------------------------------------------------------------------------------
     def _forecast_work_left(self, sampler: FutureSampler) -> None:
-        """`priority: remaining_work`: per family and turn index k, the forecast time the trajectory has
-        left from its turn k on: (1 + E[turns - (k+1) | turns > k]) x (mean output x time per token +
-        mean tool call). Queues then serve the trajectories with the most work left first, the
-        longest-processing-time-first order that shortens a sync step's critical path."""
+        """Per family and turn index k, the turns a trajectory has left from its turn k on,
+        (1 + E[turns - (k+1) | turns > k]), times the family's mean turn: for `priority: remaining_work`
+        its time (mean output x time per token + mean tool call; queues then serve the trajectories with
+        the most work left first, the longest-processing-time-first order that shortens a sync step's
+        critical path), for `placement: forecast_work` its output tokens (placement.py)."""
+        if self.priority != "remaining_work" and self.work is None:
+            return
         tpot = self._tpot()
         for f in self.families:
-            turns = sampler.turns[f]
-            per_turn = float(np.mean(sampler.outputs[f])) * tpot + float(np.mean(sampler.tool_latency[f]))
-            cap = int(self.run.priors[f].max_turns)
-            left = [(1 + float(np.mean(turns[turns > k])) - (k + 1)) * per_turn if (turns > k).any() else per_turn
-                    for k in range(cap)]
-            self._work_left[f] = np.asarray(left)
+            factor = turns_left_factor(sampler.turns[f], int(self.run.priors[f].max_turns))
+            output = float(np.mean(sampler.outputs[f]))
+            self._work_left[f] = factor * (output * tpot + float(np.mean(sampler.tool_latency[f])))
+            if self.work is not None:
+                self.work.left[f] = factor * output
 
     def _sampler(self, now: float) -> FutureSampler:
         return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot())

@@ -30,6 +30,7 @@ import numpy as np
 from harness.api import EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.tracker import LifecycleTracker, Phase, TrajectoryState
+from harness.prorsa.placement import DecodeWork
 from harness.routing import Balance, PrefixTracker, route_by_role
 from harness.sim.backend import SimBackend
 
@@ -53,6 +54,7 @@ class FutureTrajectory:
     in_progress: bool = False           # its first turn is the one already under way (not an arrival)
     route: Route | None = None          # the engines the router sent that turn to (queued or running)
     prefilled: bool = False             # that turn's prefill is done (it decodes, or its KV is in transit)
+    first_turn: int = 0                 # the trajectory's turn index of turns[0]
 
     @classmethod
     def of_live(cls, s: TrajectoryState, ready_s: float, turns: list[FutureTurn], prefix: PrefixTracker,
@@ -62,7 +64,7 @@ class FutureTrajectory:
         tid = s.trajectory_id
         return cls(tid, s.family, ready_s, turns, prefix.decode_engine.get(tid), prefix.prefill_engine.get(tid),
                    in_progress=s.phase != Phase.TOOL, route=routes.get(tid) if s.phase in ROUTED else None,
-                   prefilled=s.phase in PREFILLED)
+                   prefilled=s.phase in PREFILLED, first_turn=s.turn + (s.phase == Phase.TOOL))
 
 
 @dataclass
@@ -316,6 +318,7 @@ class _Run:
     deadline: float = math.inf          # past this instant the run cannot score under its bound
     ends_total: float = 0.0
     weight_updates: frozenset = frozenset()   # after how many of its ends the trainer updates the weights
+    work: DecodeWork | None = None      # the policy's decode placement (placement.py), if it places by work
 
     def __post_init__(self):
         self.prefill = np.zeros(self.bins)
@@ -354,7 +357,14 @@ class _Run:
             self.backend.submit(req, route)
 
     def route(self, req: TurnRequest) -> None:
-        r = route_by_role(req, self.backend.view(), self.prefix, self.balance)
+        work = self.work
+        if work is None:
+            r = route_by_role(req, self.backend.view(), self.prefix, self.balance)
+        else:
+            r = route_by_role(req, self.backend.view(), self.prefix, self.balance, work.load)
+            if r is not None:
+                ft = self.futures[req.trajectory_id]
+                work.assign(req.trajectory_id, r.decode_engine, req.family, ft.first_turn + req.turn)
         if r is None:
             self.parked.append(req)
         else:
@@ -370,6 +380,8 @@ class _Run:
 
     def on_event(self, e: LifecycleEvent) -> None:
         self.prefix.observe(e)
+        if self.work is not None and e.kind == EventKind.DECODE_MIGRATED:
+            self.work.move(e.trajectory_id, e.engine_id)
         K = EventKind
         if e.kind == K.DECODE_START:
             self.decode_start[e.trajectory_id] = e.t
@@ -382,6 +394,8 @@ class _Run:
             else:
                 self.ends.append(e.t)
                 self.ends_total += e.t
+                if self.work is not None:
+                    self.work.drop(e.trajectory_id)
                 if len(self.ends) in self.weight_updates:
                     self.backend.update_weights()   # flushes the prefix caches if the cluster does
                 self.on_end()
@@ -426,6 +440,7 @@ class WhatIf:
         self.balance = Balance.of(cluster)   # the router's rule, as the run's policy routes
         self.update_every, self.total = update_every, total
         self.completed = 0        # trajectories the run has completed; the policy sets it before a plan
+        self.placement: DecodeWork | None = None   # the policy's decode placement by forecast work, if any
 
     def _weight_updates(self, count: int) -> frozenset:
         """The what-if's end counts (of `count` trajectories) at which the weights are updated."""
@@ -452,7 +467,8 @@ class WhatIf:
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
                    max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=self.balance,
                    bound=bound, on_mean_end=on_mean_end,
-                   weight_updates=self._weight_updates(len(futures) + len(new)))
+                   weight_updates=self._weight_updates(len(futures) + len(new)),
+                   work=self.placement.copy() if self.placement is not None else None)
         for ft in futures:   # where each trajectory's KV lives, as the real router knows it
             if ft.decode_engine is not None:
                 run.prefix.decode_engine[ft.trajectory_id] = ft.decode_engine

@@ -1,0 +1,79 @@
+"""Where a trajectory's decodes go when no decode engine holds its prefix: by forecast decode work.
+
+The shared router (harness/routing.py) places such a turn, most often a trajectory's first, on the
+decode engine with the least KV in use or promised. A first turn's prompt (a few hundred tokens) barely
+moves that fraction, so the turns of a batch that arrive together herd onto one engine, and sticky KV
+keeps them there for every later turn. Measured on shift_reason_browse_kvboth (seed 0, Prorsa with
+decode migration): 33 of the last batch's 48 reasoning trajectories on one decode engine; on the 64-GPU
+version 64 to 96 of 96 on one of the sixteen; the run's end was those trajectories' last turns.
+
+`policy.placement: forecast_work` places them by the decode work each engine is forecast to hold
+instead: every trajectory routed to a decode engine counts there with its forecast output tokens from
+its present turn to its end (family mean output x (1 + expected turns after this one, given the turns
+so far), from the distributions Prorsa learns online), so each placement moves the next one. This is a
+forecast only Prorsa has; the baselines keep the shared router's rule. Later turns stay sticky (the
+router's balance rule as before).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from harness.api import EngineState, EventKind, LifecycleEvent
+from harness.routing import decode_load
+
+
+def turns_left_factor(turns: np.ndarray, cap: int) -> np.ndarray:
+    """Per 0-based turn index k: 1 + E[turns - (k+1) | turns > k], the turns a trajectory that has reached
+    turn k still runs, this one included (1 past the largest observed count)."""
+    turns = np.asarray(turns, dtype=float)
+    return np.asarray([1 + float(np.mean(turns[turns > k])) - (k + 1) if (turns > k).any() else 1.0
+                       for k in range(max(cap, 1))])
+
+
+class DecodeWork:
+    """Forecast decode work (output tokens) held by each decode engine: one entry per trajectory, where
+    its present turn was sent. `left[family][k]`: forecast output tokens from turn k to the end."""
+
+    def __init__(self, left: dict[str, np.ndarray] | None = None):
+        self.left = left or {}
+        self.of: dict[int, tuple[int, float]] = {}          # trajectory -> (decode engine, work)
+        self.on: dict[int, float] = defaultdict(float)       # decode engine -> work
+
+    def copy(self) -> DecodeWork:
+        out = DecodeWork(self.left)
+        out.of, out.on = dict(self.of), defaultdict(float, self.on)
+        return out
+
+    def work(self, family: str, turn: int) -> float:
+        left = self.left.get(family)
+        return float(left[min(turn, len(left) - 1)]) if left is not None and len(left) else 0.0
+
+    def assign(self, trajectory_id: int, engine_id: int, family: str, turn: int) -> None:
+        self.drop(trajectory_id)
+        w = self.work(family, turn)
+        self.of[trajectory_id] = (engine_id, w)
+        self.on[engine_id] += w
+
+    def drop(self, trajectory_id: int) -> None:
+        held = self.of.pop(trajectory_id, None)
+        if held is not None:
+            self.on[held[0]] -= held[1]
+
+    def move(self, trajectory_id: int, engine_id: int) -> None:
+        held = self.of.get(trajectory_id)
+        if held is not None:
+            self.on[held[0]] -= held[1]
+            self.of[trajectory_id] = (engine_id, held[1])
+            self.on[engine_id] += held[1]
+
+    def observe(self, e: LifecycleEvent) -> None:
+        if e.kind == EventKind.TRAJECTORY_END:
+            self.drop(e.trajectory_id)
+        elif e.kind == EventKind.DECODE_MIGRATED:
+            self.move(e.trajectory_id, e.engine_id)
+
+    def load(self, e: EngineState) -> tuple:
+        """The placement key: forecast decode work held, then the router's decode load."""
+        return (self.on.get(e.engine_id, 0.0), *decode_load(e))

@@ -74,6 +74,9 @@ sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
 MIG=cluster.migrate_decodes_on_switch=true
 sweep shift_reason_browse_kvboth_migrate +experiment=shift_reason_browse_kvboth $MIG policy=prorsa seed=0,1,2
 sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
+# and with Prorsa's first turns placed by forecast decode work (policy.placement=forecast_work)
+sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_browse_kvboth $MIG \
+  policy=prorsa policy.placement=forecast_work seed=0,1,2
 "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"

@@ -20,8 +20,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from harness.api import EngineState, EventKind, LifecycleEvent
-from harness.routing import decode_load
+from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Route, TurnRequest
+from harness.routing import Balance, PrefixTracker, decode_load, route_by_role
 
 
 def turns_left_factor(turns: np.ndarray, cap: int) -> np.ndarray:
@@ -77,3 +77,16 @@ class DecodeWork:
     def load(self, e: EngineState) -> tuple:
         """The placement key: forecast decode work held, then the router's decode load."""
         return (self.on.get(e.engine_id, 0.0), *decode_load(e))
+
+
+def route_placing(request: TurnRequest, view: ClusterView, prefix: PrefixTracker, balance: Balance,
+                  work: DecodeWork | None, turn: int) -> Route | None:
+    """The shared router's route, placing by `work` when the policy has one and counting the turn (the
+    trajectory's `turn`) on its decode engine; the run and its what-if both route through here, so a
+    plan prices the placement the run uses."""
+    if work is None:
+        return route_by_role(request, view, prefix, balance)
+    route = route_by_role(request, view, prefix, balance, work.load)
+    if route is not None:
+        work.assign(request.trajectory_id, route.decode_engine, request.family, turn)
+    return route

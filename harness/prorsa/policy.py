@@ -33,12 +33,12 @@ import numpy as np
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model
 from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.placement import DecodeWork, turns_left_factor
+from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
-from harness.routing import Balance, PrefixTracker, route_by_role
+from harness.routing import Balance, PrefixTracker
 from harness.sim.backend import nested_runs
 
 log = logging.getLogger(__name__)
@@ -213,12 +213,7 @@ class Prorsa:
         return target_roles(view, split)
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
-        if self.work is None:
-            route = route_by_role(request, view, self.prefix, self.balance)
-        else:
-            route = route_by_role(request, view, self.prefix, self.balance, self.work.load)
-            if route is not None:
-                self.work.assign(request.trajectory_id, route.decode_engine, request.family, request.turn)
+        route = route_placing(request, view, self.prefix, self.balance, self.work, request.turn)
         if route is not None and self.priority == "remaining_work":
             left = self._work_left[request.family]
             route = Route(route.prefill_engine, route.decode_engine, -float(left[min(request.turn, len(left) - 1)]))

@@ -30,8 +30,8 @@ import numpy as np
 from harness.api import EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.tracker import LifecycleTracker, Phase, TrajectoryState
-from harness.prorsa.placement import DecodeWork
-from harness.routing import Balance, PrefixTracker, route_by_role
+from harness.prorsa.placement import DecodeWork, route_placing
+from harness.routing import Balance, PrefixTracker
 from harness.sim.backend import SimBackend
 
 
@@ -357,14 +357,8 @@ class _Run:
             self.backend.submit(req, route)
 
     def route(self, req: TurnRequest) -> None:
-        work = self.work
-        if work is None:
-            r = route_by_role(req, self.backend.view(), self.prefix, self.balance)
-        else:
-            r = route_by_role(req, self.backend.view(), self.prefix, self.balance, work.load)
-            if r is not None:
-                ft = self.futures[req.trajectory_id]
-                work.assign(req.trajectory_id, r.decode_engine, req.family, ft.first_turn + req.turn)
+        r = route_placing(req, self.backend.view(), self.prefix, self.balance, self.work,
+                          self.futures[req.trajectory_id].first_turn + req.turn)
         if r is None:
             self.parked.append(req)
         else:

@@ -92,6 +92,54 @@ def test_futures_of_hand_made_lifecycles_known_answer():
     assert two.turns[1].prompt_tokens == 120 + 20 + 200
 
 
+def test_forecast_counts_the_tokens_each_turn_appends():
+    """The forecast's prefill is what TURN_READY counts: the last turn's output plus the tool's output.
+    The futures of the known-answer test above (priors: 40-token answers, 200-token tool outputs):
+    trajectory 1 comes back from its tool call with turn 1 (its turn 0 wrote 50: 250 tokens), then
+    turns 2-4 (240 each); trajectory 2 decodes turn 0 (20 of its 40 tokens so far), then turns 1-4
+    (240 each). All arrive within one long bin: 250 + 3 x 240 + 4 x 240 = 1,930 tokens (counting the
+    uncached part alone gave 8 x 200 = 1,600)."""
+    t = LifecycleTracker()
+    feed(t, first_turn(1))
+    feed(t, [E(K.TRAJECTORY_START, 1.8, 2, 0, detail="fam"), E(K.TURN_READY, 1.8, 2, 0, tokens=100),
+             E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
+    prefix = PrefixTracker()
+    feed(prefix, first_turn(1))
+    futures = future_sampler(t, RUN, 30, 2.0, 0.01).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
+    assert {f.trajectory_id: f.context for f in futures} == {1: 100, 2: 100}
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
+    roles = [Role.COLOCATED] * 2
+    outcome = WhatIf(cluster, 1, 1_000.0).run(futures, roles, roles)
+    assert len(outcome.ends) == 2 and outcome.prefill_tokens.tolist() == [1_930]
+
+
+def test_sync_forecast_runs_into_the_next_step():
+    """Sync: the step's one trajectory (a 1,000-token prompt, 10 tokens out) ends within the first 4-s
+    bin, so the forecast's run starts the next step's batch there (a 700-token prompt) and counts it;
+    the score (the step's end) is the same as without it. When the step ends past the horizon, the
+    next step is never drawn."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
+    roles = [Role.COLOCATED] * 2
+    step = [FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 0, 10, 0.0)])]
+    drawn = []
+
+    def then():
+        drawn.append(True)
+        return [FutureTrajectory(-2, "f", 0.0, [FutureTurn(700, 0, 10_000, 0.0)])]
+    alone = WhatIf(cluster, 5, 4.0).run(step, roles, roles)
+    with_next = WhatIf(cluster, 5, 4.0).run(step, roles, roles, then=then)
+    assert alone.completion_s < 4.0 and with_next.completion_s == alone.completion_s
+    assert with_next.ends == alone.ends and with_next.mean_turn_latency_s == alone.mean_turn_latency_s
+    assert alone.prefill_tokens.tolist() == [1_000, 0, 0, 0, 0]
+    assert with_next.prefill_tokens.tolist() == [1_700, 0, 0, 0, 0]
+    # the next step's 10,000-token answer decodes through the horizon, where its run stops
+    assert with_next.decode_seqs.tolist()[1:] == [1, 1, 1, 1] and alone.decode_seqs.sum() == 0
+    drawn.clear()
+    WhatIf(cluster, 1, alone.completion_s / 2).run(step, roles, roles, then=then)
+    assert not drawn
+
+
 def test_forecast_error_is_recorded_per_bin():
     f = Forecaster(horizon_s=4.0, bins=4)
     f.history.append(Forecast(2.0, 1.0, np.array([0.0, 250.0, 0.0, 0.0]), np.array([1.0, 1.0, 0.0, 0.0])))
@@ -775,6 +823,26 @@ def test_new_trajectories_follow_the_declared_mix_of_their_batch(mix_forecast, f
     new = policy._new(policy._sampler(0.0), np.random.default_rng(0))
     assert [f.family for f in new] == families
     assert len({f.trajectory_id for f in new}) == 6 and all(f.trajectory_id < 0 for f in new)
+
+
+def test_next_step_of_the_forecast_is_the_next_batch_in_its_mix():
+    """Sync, 4 trajectories per step in groups of 2, step 0 family a, step 1 family b: during step 0 the
+    forecast's next step is 4 trajectories of b; during the
+    last step, and in async, there is none."""
+    from harness.prorsa.policy import Prorsa
+    run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, group_size=2,
+                  priors={"a": FAM, "b": FAM}, step_weights=[{"a": 1.0}, {"b": 1.0}])
+    policy = Prorsa(initial="colocated")
+    policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
+    policy.tracker.started = 4
+    batch = policy._next_step(policy._sampler(0.0), np.random.default_rng(0))()
+    assert [f.family for f in batch] == ["b"] * 4 and all(f.trajectory_id < 0 for f in batch)
+    assert len({f.trajectory_id for f in batch}) == 4
+    policy.tracker.started = 8
+    assert policy._next_step(policy._sampler(0.0), np.random.default_rng(0)) is None
+    policy.run = replace(run, mode="async")
+    policy.tracker.started = 4
+    assert policy._next_step(policy._sampler(0.0), np.random.default_rng(0)) is None
 
 
 class EndsWhatIf:

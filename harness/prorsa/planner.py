@@ -134,7 +134,8 @@ class Planner:
 
     def decide(self, view: ClusterView, current: int, futures: list[FutureTrajectory],
                new: list[FutureTrajectory], max_in_flight: int,
-               hedges: list[list[FutureTrajectory]] = (), to_end: bool = False) -> Decision:
+               hedges: list[list[FutureTrajectory]] = (), to_end: bool = False,
+               then: Callable[[], list[FutureTrajectory]] | None = None) -> Decision:
         """Score the present allocation (run to the end: it is also the forecast), then the other
         candidates, the best of the last plan first (`to_end`: the futures and `new` are all the run has
         left, so they are scored by their last end); a candidate stops as soon as it is sure to end
@@ -148,7 +149,8 @@ class Planner:
         2P6D in each reasoning-heavy phase and back in each browse-heavy one, 60 s per engine each
         time, 1,211 s against 933 s for 4P4D throughout; with this check 932 s). Comparing each
         candidate's worst end or worst regret over the mixes instead still let 4P4D -> 2P6D through
-        (1,016 s). Candidates that beat staying are tried in score order."""
+        (1,016 s). Candidates that beat staying are tried in score order. `then` (sync): the next
+        step's batch for the present allocation's run, the forecast (WhatIf.run)."""
         now_roles = [e.role for e in view.engines]
         launched = view.launched_roles()
         left = decode_left(futures)
@@ -161,7 +163,7 @@ class Planner:
             bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
                                               new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
-                                              launched_as=launched)
+                                              launched_as=launched, then=then if split == current else None)
         scores = {k: self.score(o, to_end) for k, o in outcomes.items()}
         self._last = scores
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}

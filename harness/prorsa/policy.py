@@ -27,6 +27,7 @@ turn, nothing after it, no new trajectories); `switching: false` keeps the initi
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -140,19 +141,22 @@ class Prorsa:
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
         self._forecast_work_left(sampler)
+        then = None
         if self.use_forecast:
             futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
             hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
+            then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
         else:
             futures, new, hedges = self._present(view.now), [], []
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
             outcome = self.planner.whatif.run(futures, [e.role for e in view.engines],
                                               [e.role for e in view.engines], new, self.run.max_in_flight,
-                                              launched_as=view.launched_roles())
+                                              launched_as=view.launched_roles(), then=then)
             self._record(view.now, outcome)
             return None
-        d = self.planner.decide(view, current, futures, new, self.run.max_in_flight, hedges, to_end=self._to_end())
+        d = self.planner.decide(view, current, futures, new, self.run.max_in_flight, hedges, to_end=self._to_end(),
+                                then=then)
         self._record(view.now, d.current)
         self.plan_scores.append((view.now, d.scores))
         n = len(view.engines)
@@ -279,6 +283,20 @@ class Prorsa:
         if len(recent) >= self.mix_window:
             weights = [recent.count(f) for f in self.families]
         return sampler.new(self.families, weights, count, -1 - count, rng)
+
+    def _next_step(self, sampler: FutureSampler, rng: np.random.Generator) -> Callable[[], list[FutureTrajectory]] | None:
+        """Sync: the next step's batch for the forecast (None in async and after the last step), in GRPO
+        groups and in its step's task mix; drawn only if the forecast's run reaches it, from a stream
+        of its own (`rng`), so the plans' samples (and decisions) are those they would be without it."""
+        run = self.run
+        if run.mode != "sync" or self.tracker.started >= run.total_trajectories:
+            return None
+        weights = self.weights
+        if run.step_weights:
+            shares = run.step_weights[min(self.tracker.started // run.trajectories_per_step, len(run.step_weights) - 1)]
+            weights = [shares.get(f, 0.0) or 1e-9 for f in self.families]
+        count = run.trajectories_per_step
+        return lambda: sampler.new(self.families, weights, count, -1 - count, rng, run.group_size)
 
     def _to_end(self) -> bool:
         """Async: whether the live trajectories and the next to start are all the run has left, so the

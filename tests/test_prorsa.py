@@ -69,19 +69,24 @@ def test_generated_tokens_use_the_turns_that_decoded_beside_it():
     assert t.generated(s, 41.0, default_tpot=0.1) == pytest.approx(310)   # later: estimated again
 
 
-def test_futures_of_hand_made_lifecycles_known_answer():
-    """Priors with no spread: 5 turns of 40 output tokens, 3-s tool calls returning 200 tokens.
-    Trajectory 1 is in the tool call after turn 0 (output 50), 1 s into it: it comes back in 2 s with
-    turns 1-4 to go, each prompt the last context + 200 tokens, 200 of them new. Trajectory 2 decodes
-    turn 0 (prompt 100), 20 tokens in at 0.01 s per token: 20 tokens are left, then turns 1-4."""
+def two_live_futures():
+    """At t=2: trajectory 1 in its tool call after turn 0 (first_turn), trajectory 2 decoding its turn
+    0 since t=1.8; their futures sampled from the deterministic priors."""
     t = LifecycleTracker()
     feed(t, first_turn(1))
     feed(t, [E(K.TRAJECTORY_START, 1.8, 2, 0, detail="fam"), E(K.TURN_READY, 1.8, 2, 0, tokens=100),
              E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
     prefix = PrefixTracker()
     feed(prefix, first_turn(1))
-    sampler = future_sampler(t, RUN, 30, 2.0, 0.01)
-    futures = {f.trajectory_id: f for f in sampler.live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))}
+    return future_sampler(t, RUN, 30, 2.0, 0.01).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
+
+
+def test_futures_of_hand_made_lifecycles_known_answer():
+    """Priors with no spread: 5 turns of 40 output tokens, 3-s tool calls returning 200 tokens.
+    Trajectory 1 is in the tool call after turn 0 (output 50), 1 s into it: it comes back in 2 s with
+    turns 1-4 to go, each prompt the last context + 200 tokens, 200 of them new. Trajectory 2 decodes
+    turn 0 (prompt 100), 20 tokens in at 0.01 s per token: 20 tokens are left, then turns 1-4."""
+    futures = {f.trajectory_id: f for f in two_live_futures()}
     one, two = futures[1], futures[2]
     assert one.ready_s == pytest.approx(2.0) and one.decode_engine == 0
     assert [(x.prompt_tokens, x.cached_tokens, x.output_tokens) for x in one.turns] == [
@@ -99,13 +104,7 @@ def test_forecast_counts_the_tokens_each_turn_appends():
     turns 2-4 (240 each); trajectory 2 decodes turn 0 (20 of its 40 tokens so far), then turns 1-4
     (240 each). All arrive within one long bin: 250 + 3 x 240 + 4 x 240 = 1,930 tokens (counting the
     uncached part alone gave 8 x 200 = 1,600)."""
-    t = LifecycleTracker()
-    feed(t, first_turn(1))
-    feed(t, [E(K.TRAJECTORY_START, 1.8, 2, 0, detail="fam"), E(K.TURN_READY, 1.8, 2, 0, tokens=100),
-             E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
-    prefix = PrefixTracker()
-    feed(prefix, first_turn(1))
-    futures = future_sampler(t, RUN, 30, 2.0, 0.01).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
+    futures = two_live_futures()
     assert {f.trajectory_id: f.context for f in futures} == {1: 100, 2: 100}
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
     roles = [Role.COLOCATED] * 2

@@ -21,9 +21,9 @@ from harness.rollout import ModeConfig, RolloutDriver
 from tests.conftest import load_config
 
 BIG = ["cluster=moe_h200", "cluster.num_engines=16", "mode=sync", "mode.num_steps=1",
-       "workload.batch_size=128", "workload.group_size=8", "workload.turns_median=20", "workload.turns_sigma=0.2",
-       "workload.group_sigma=0.1", "workload.max_turns=30", "workload.tool_output_median=400",
-       "workload.output_median=200", "workload.prompt_median=1000"]
+       "workload.batch_size=128", "workload.group_size=8", "workload.turns.0.median=20", "workload.turns.0.sigma=0.2",
+       "workload.group_corr=0.2", "workload.max_turns=30", "workload.tool_output.median=400",
+       "workload.output.median=200", "workload.prompt.median=1000"]
 WIDE = ["cluster.num_engines=256", "workload.batch_size=2048"]   # 1,024 GPUs, 16,384 trajectories
 POLICIES = {"colocate": ["policy=colocate"], "fixed_pd": ["policy=fixed_pd", "policy.num_prefill=6"]}
 

@@ -297,31 +297,6 @@ class ProrsaSchema:
 # --- workloads (workloads/) ------------------------------------------------------------------------
 
 @dataclass(kw_only=True)
-class SyntheticSchema:
-    """configs/workload/synthetic.yaml (workloads/synthetic.py)."""
-    name: str = key(nonempty=True)
-    family: str = key(nonempty=True, omittable=True)
-    batch_size: int = key(ge=1)
-    group_size: int = key(ge=1)
-    turns_median: float = key(gt=0)
-    turns_sigma: float = key(ge=0)
-    max_turns: int = key(ge=1)
-    prompt_median: float = key(gt=0)
-    prompt_sigma: float = key(ge=0)
-    output_median: float = key(gt=0)
-    output_sigma: float = key(ge=0)
-    tool_output_median: float = key(gt=0)
-    tool_output_sigma: float = key(ge=0)
-    tool_latency_median_s: float = key(gt=0)
-    tool_latency_sigma: float = key(ge=0)
-    group_sigma: float = key(ge=0)
-    context_cap: int = key(ge=1)
-    max_output_tokens: int = key(ge=1)
-    drift_per_step: float = key(gt=-1)
-    _target_: str = target("workloads.synthetic.SyntheticWorkload")
-
-
-@dataclass(kw_only=True)
 class LogNormalSchema:
     """workloads/base.py LogNormal: a median, a log spread and an optional cap."""
     median: float = key(gt=0)
@@ -344,7 +319,7 @@ class DriftSchema:
 
 @dataclass(kw_only=True)
 class AgentSchema:
-    """configs/workload/{search,search_long,swe,tooluse,browse,reasoning}.yaml (workloads/agent.py)."""
+    """configs/workload/{search,search_long,swe,tooluse,browse,reasoning,synthetic}.yaml (workloads/agent.py)."""
     name: str = key(nonempty=True)
     family: str = key(nonempty=True)
     batch_size: int = key(ge=1)
@@ -358,6 +333,7 @@ class AgentSchema:
     tool_output: LogNormalSchema = key()
     tool_latency: list[ModeComponentSchema] = key()
     group_corr: float = key(ge=0, le=1, omittable=True)
+    group_score_corr: float = key(ge=-1, le=1, omittable=True)
     turn_modes_per: str = key(choices=("sample", "group"), omittable=True)
     drift: DriftSchema = key(omittable=True)
     targets: dict[str, Any] = key(omittable=True)
@@ -393,7 +369,7 @@ STORE: dict[str, dict[str, type]] = {
     "policy": {"colocate": ColocateSchema, "fixed_pd": FixedPDSchema, "ppd": PPDSchema,
                "reactive_pd": ReactivePDSchema, "pearl": PearlSchema, "oracle_pd": OraclePDSchema,
                "prorsa": ProrsaSchema},
-    "workload": {"synthetic": SyntheticSchema, "agent": AgentSchema, "mix": MixSchema, "trace": TraceSchema},
+    "workload": {"agent": AgentSchema, "mix": MixSchema, "trace": TraceSchema},
 }
 # Which schema checks a group's node: by its `_target_` (policies, workloads, backends, loggers) or, for
 # the groups with one shape and no `_target_` (cluster, mode), the group's schema. A `_target_` with no

@@ -39,8 +39,8 @@ GRIDS = {   # new tokens per turn, output tokens per turn, DP sizes, semantics, 
 }
 GPUS = 32
 # The load: 256 trajectories of 4 turns on 32 GPUs, tools at 0.2 s (the GPUs, not the tools, bound a step).
-LOAD = ["workload=synthetic", "workload.batch_size=32", "workload.group_size=8", "workload.turns_median=4",
-        "workload.prompt_median=1000", "workload.tool_latency_median_s=0.2", "workload.tool_latency_sigma=0.5",
+LOAD = ["workload=synthetic", "workload.batch_size=32", "workload.group_size=8", "workload.turns.0.median=4",
+        "workload.prompt.median=1000", "workload.tool_latency.0.median=0.2", "workload.tool_latency.0.sigma=0.5",
         "workload.context_cap=131072", "workload.max_output_tokens=16384"]
 # Sync: that batch as one RL step. Async: four such batches with 256 trajectories in flight, so new
 # trajectories start as others end (one batch all in flight at once would be a sync step again).
@@ -81,7 +81,7 @@ def cell_name(c: dict) -> str:
 def run_cell(out: Path, c: dict, ray: bool) -> None:
     engines, par = parallelism(c["dp"])
     over = [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *MODES[c["mode"]], "logger=none",
-            f"workload.tool_output_median={c['new_tokens']}", f"workload.output_median={c['output_tokens']}"]
+            f"workload.tool_output.median={c['new_tokens']}", f"workload.output.median={c['output_tokens']}"]
     # job directories named by the policy overrides only (the cell's directory says the rest)
     keys = ["hydra.sweep.dir", "hydra/launcher", "hydra.launcher.ray.init.address", "logger", "logger.mode",
             "progress_interval_s", *(o.split("=")[0] for o in over)]

@@ -129,9 +129,9 @@ def test_sglang_backend_against_stub(stub):
 
     cfg = load_config(["backend=sglang", "cluster=cpu_small", "cluster.num_engines=3", "cluster.engine=sglang",
                        "cluster.switch_mechanism=drain", "workload=synthetic",
-                       "workload.batch_size=4", "workload.group_size=2", "workload.prompt_median=300",
-                       "workload.output_median=20", "workload.tool_output_median=100",
-                       "workload.tool_latency_median_s=0.05", "workload.max_turns=4", "mode.num_steps=1",
+                       "workload.batch_size=4", "workload.group_size=2", "workload.prompt.median=300",
+                       "workload.output.median=20", "workload.tool_output.median=100",
+                       "workload.tool_latency.0.median=0.05", "workload.max_turns=4", "mode.num_steps=1",
                        f"backend.urls=[{','.join(stub.urls)}]", f"backend.router_url={stub.router_url}"])
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))

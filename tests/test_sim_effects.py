@@ -5,9 +5,9 @@ import pytest
 from harness.api import EventKind, Role
 from tests.conftest import SwitchAt, simulate
 
-ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns_median=1",
-            "workload.turns_sigma=0", "workload.group_sigma=0", "workload.prompt_median=1000",
-            "workload.prompt_sigma=0", "workload.output_median=5", "workload.output_sigma=0"]
+ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns.0.median=1",
+            "workload.turns.0.sigma=0", "workload.group_corr=0", "workload.prompt.median=1000",
+            "workload.prompt.sigma=0", "workload.output.median=5", "workload.output.sigma=0"]
 
 # Qwen3-32B on H100, TP4 (configs/catalogue, cluster dense_h100), by hand:
 L, HIDDEN, HEADS, D = 64, 5120, 64, 128
@@ -59,11 +59,11 @@ def test_one_turn_disaggregated_known_answer():
 
 # Effect 3: on heavy prefill PD finishes trajectories sooner; with decode KV memory the bottleneck it loses.
 BASE = ["workload.batch_size=4", "workload.group_size=8", "mode.num_steps=1"]
-HEAVY_PREFILL = ["cluster=moe_h200", "workload.tool_output_median=6000", "workload.output_median=100",
-                 "workload.tool_latency_median_s=0.5", "workload.context_cap=60000"]
-DECODE_MEMORY = ["cluster=dense_h100", "cluster.memory_fraction=0.45", "workload.prompt_median=20000",
-                 "workload.prompt_sigma=0.1", "workload.tool_output_median=100", "workload.output_median=1000",
-                 "workload.tool_latency_median_s=1", "workload.context_cap=32000"]
+HEAVY_PREFILL = ["cluster=moe_h200", "workload.tool_output.median=6000", "workload.output.median=100",
+                 "workload.tool_latency.0.median=0.5", "workload.context_cap=60000"]
+DECODE_MEMORY = ["cluster=dense_h100", "cluster.memory_fraction=0.45", "workload.prompt.median=20000",
+                 "workload.prompt.sigma=0.1", "workload.tool_output.median=100", "workload.output.median=1000",
+                 "workload.tool_latency.0.median=1", "workload.context_cap=32000"]
 
 
 def mean_completion(df: pd.DataFrame) -> float:
@@ -213,7 +213,7 @@ def test_decode_migration_moves_every_decode_off_the_switched_engine_and_loses_n
     on engine 1 after the step that was under way."""
     from tests.test_sim_invariants import check_invariants
     overrides = small + ["cluster.num_engines=3", "cluster.switch_mechanism=kv_both",
-                         "cluster.migrate_decodes_on_switch=true", "workload.output_median=600"]
+                         "cluster.migrate_decodes_on_switch=true", "workload.output.median=600"]
     result, df, _ = simulate(overrides, policy=SwitchAt([Role.PREFILL, Role.DECODE, Role.DECODE],
                                                         {1: Role.PREFILL}, at_s=3.0, control_interval_s=1.0),
                              keep_events=True)

@@ -9,8 +9,8 @@ from tests.conftest import simulate
 
 POLICIES = [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=3"]]
 # A cluster squeezed for memory so that preemption and recomputation happen.
-TIGHT = ["cluster.num_engines=3", "cluster.memory_fraction=0.25", "workload.context_cap=10000",
-         "workload.output_median=600"]
+TIGHT = ["cluster.num_engines=3", "cluster.memory_fraction=0.25", "workload.context_cap=10000", "workload.prompt.high=8000",
+         "workload.output.median=600"]
 
 
 def check_invariants(result, df):

@@ -151,11 +151,10 @@ def test_trace_priors_measure_how_much_a_trajectory_shares_its_output_length(tmp
 
 
 def test_trace_priors_measure_how_a_trajectorys_turn_count_goes_with_its_answers(tmp_path):
-    """A trace exported from the synthetic workload, whose difficulty factor scales turn count and
-    answers together, gives back the generator's correlation, 0.3 / sqrt(0.3^2 + 0.5^2) = 0.51; one
-    from swe, whose turn and output scores are independent, about 0."""
-    from workloads.synthetic import SyntheticWorkload
-    synthetic = SyntheticWorkload(batch_size=64, group_size=8)
+    """A trace exported from the synthetic workload, whose one difficulty per prompt goes with turn
+    count and answers together, gives back the generator's correlation, 0.5; one from swe, whose turn
+    and output scores are independent, about 0."""
+    synthetic = build("synthetic", "workload.batch_size=64", "workload.group_size=8")
     export_trace(synthetic, 4, tmp_path / "synthetic.jsonl")
     got = TraceWorkload(path=str(tmp_path / "synthetic.jsonl")).priors()["synthetic"].turns_output_corr
     assert got == pytest.approx(synthetic.priors()["synthetic"].turns_output_corr, abs=0.1)

@@ -1,4 +1,5 @@
-"""The agent-rollout generator behind `workload=search|search_long|swe|tooluse`.
+"""The agent-rollout generator behind every scripted workload: `workload=search|search_long|swe|tooluse|
+browse|reasoning` (the published families) and `workload=synthetic` (round illustrative numbers).
 
 The three families share one shape (docs/references.md, section 9): a trajectory is a chain of turns, each
 a prefill of new context, a decode, then a tool call whose output is appended. They differ only in
@@ -9,8 +10,10 @@ Per RL step, for each of the B prompts (a GRPO group of G samples):
 - per-prompt scores z_g ~ N(0, 1), one for the turn count and one for the output length, are
   shared by the group: a sample draws each at sqrt(rho) z_g + sqrt(1 - rho) z_own, so the marginal
   of each quantity is exactly the configured lognormal and the within-group correlation of its log
-  is rho (`group_corr`). The two scores are independent, so trajectory totals keep the spread of
-  the turn count (the published fits give both the same sigma);
+  is rho (`group_corr`). The two scores are independent in the published families, so trajectory
+  totals keep the spread of the turn count (the published fits give both the same sigma); with
+  `group_score_corr` c they correlate (c = 1: one difficulty per prompt, whose samples get many turns
+  *and* long answers together, as the synthetic workload has it);
 - the turn count comes from a mixture of lognormal modes (e.g. SWE successes, early exits, failed
   long tails), picked per sample or per group (`turn_modes_per`: a task source such as tau2 vs
   BFCL is a property of the prompt, a failure is a property of the sample);
@@ -39,7 +42,8 @@ from omegaconf import OmegaConf
 from harness.api import FamilyPriors
 from harness.trajectory import TrajectoryScript, TurnScript
 from workloads.base import (LogNormal, Mode, from_config, group_id, mixture_draw, mixture_group_corr,
-                            mixture_prior, mode_probabilities, modes_from_config, step_rng, trajectory_id)
+                            mixture_prior, mixture_score_corr, mode_probabilities, modes_from_config, step_rng,
+                            trajectory_id)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class AgentWorkload:
     tool_latency: tuple[Mode, ...]  # seconds per call, a mixture of modes; a mode's `high` is a timeout
     seed: int = 0
     group_corr: float = 0.5
+    group_score_corr: float = 0.0   # correlation of a prompt's turn-count and output-length scores
     turn_modes_per: str = "sample"  # sample | group
     drift: Drift = field(default_factory=Drift)
     targets: dict[str, Any] = field(default_factory=dict)  # published figures for tests and the card
@@ -95,6 +100,9 @@ class AgentWorkload:
             tool_output_tokens=self.tool_output.prior, tool_latency_s=mixture_prior(self.tool_latency),
             turns=mixture_prior(self.turns), max_turns=self.max_turns, context_cap=self.context_cap,
             output_shared=self.group_corr,   # every turn's output score has the group's sqrt(rho) z_g
+            # the output level (sqrt(rho) x the output score) against the log turn count, whose score
+            # loads sqrt(rho) x c on the output score
+            turns_output_corr=mixture_score_corr(self.turns, self.group_score_corr * math.sqrt(self.group_corr)),
             turns_group_corr=mixture_group_corr(self.turns, self.group_corr, self.turn_modes_per == "group"))}
 
     def sample(self, step: int) -> list[tuple[TrajectoryScript, str]]:
@@ -104,6 +112,9 @@ class AgentWorkload:
         out = []
         for g in range(self.batch_size):
             z_group = rng.standard_normal(2)  # turn count, output length
+            if self.group_score_corr:
+                c = self.group_score_corr
+                z_group[1] = c * z_group[0] + math.sqrt(1 - c * c) * z_group[1]
             prompt = int(min(max(1, round(float(self.prompt.at(rng.standard_normal())))), self.context_cap - 1))
             per_group = self.turn_modes_per == "group"
             group_mode = self.turns[rng.choice(len(self.turns), p=turn_p)] if per_group else None

@@ -40,10 +40,6 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
     return np.random.default_rng([seed, step])
 
 
-def lognormal(rng: np.random.Generator, median: float, sigma: float, size=None) -> np.ndarray:
-    return median * np.exp(sigma * rng.standard_normal(size))
-
-
 def trajectory_id(step: int, batch_size: int, group_size: int, index: int) -> int:
     """Ids unique across steps: step * B*G + index within the step."""
     return step * batch_size * group_size + index
@@ -135,6 +131,20 @@ def mixture_group_corr(modes: tuple[Mode, ...], rho: float, per_group: bool) -> 
         return 0.0
     cov = float(w @ (mu ** 2 + rho * s ** 2)) - mean ** 2 if per_group else rho * float(w @ s) ** 2
     return cov / var
+
+
+def mixture_score_corr(modes: tuple[Mode, ...], loading: float) -> float:
+    """The correlation of a standard-normal score Z with the log of a value drawn from a mixture of
+    lognormal modes (picked apart from Z) at a score that loads `loading` on Z (caps and rounding
+    ignored): loading x (sum w sigma) over the mixture's log spread; `loading` for one mode."""
+    if not loading:
+        return 0.0
+    w = np.array([m.weight for m in modes], dtype=float)
+    w = w / w.sum()
+    mu = np.log([m.median for m in modes])
+    s = np.array([m.sigma for m in modes], dtype=float)
+    var = float(w @ (s ** 2 + mu ** 2)) - float(w @ mu) ** 2
+    return loading * float(w @ s) / math.sqrt(var) if var > 0 else 0.0
 
 
 def mixture_prior(modes: tuple[Mode, ...]) -> LogNormalPrior:

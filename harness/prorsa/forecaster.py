@@ -1,9 +1,9 @@
 """Forecast bookkeeping: what Prorsa predicted for each bin of its horizon, against what happened.
 
 A forecast (made by the what-if run under the present allocation, whatif.py) gives per bin of
-`horizon_s / bins` seconds: the prompt tokens that become ready (TURN_READY tokens: the new tokens
-of every turn, from every trajectory, whatever turn it is on) and the sequences decoding at the bin's
-middle. The actual series come from the lifecycle events and the control ticks, so the error per bin
+`horizon_s / bins` seconds: the prompt tokens that become ready (TURN_READY tokens: what each turn
+appends to its context, the last output with the tool's, from every trajectory, whatever turn it is
+on; in sync also the next step's first prompts) and the sequences decoding at the bin's middle. The actual series come from the lifecycle events and the control ticks, so the error per bin
 (WAPE: sum |forecast - actual| / sum actual) can be reported for every horizon that has passed.
 Memory stays bounded: arrivals are kept as a running total with their times, once each.
 """

@@ -16,9 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from harness.experiment import ERROR, EXIT_LOGGER_FAILED, SUMMARY
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "config.yaml"
+
+
+def unnamed(overrides: list[str]) -> str:
+    """A Hydra override that leaves the keys of `overrides` out of a sweep's job directory names, beside
+    the keys the config leaves out (configs/config.yaml): for a script that gives each setting its own
+    sweep directory, which says them. A setting of ten agent-workload keys (`workload.turns.0.median=15`,
+    ...) in every job name overflowed the 255-byte file-name limit, and those jobs failed."""
+    keys = [*OmegaConf.load(CONFIG).hydra.job.config.override_dirname.exclude_keys,
+            *(o.split("=")[0].lstrip("+~") for o in overrides)]
+    return f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]"
 
 
 class FailedJobs(Callback):

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.sweep import unnamed  # noqa: E402
+
 log = logging.getLogger("generalization")
 
 # name -> overrides. Lengths and sizes are illustrative settings, chosen before any run, not fitted.
@@ -78,7 +82,9 @@ def splits(overrides: list[str]) -> str:
 
 
 def sweep(out: Path, overrides: list[str], seeds: str) -> None:
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides]
+    # job directories named by the policy and seed only (the setting's directory says the rest)
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides,
+           unnamed(overrides)]
     for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={splits(overrides)}"]):
         rc = subprocess.run(cmd + policy, cwd=Path(__file__).parent.parent).returncode
         if rc != 0:

@@ -26,6 +26,10 @@ from itertools import product
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.sweep import unnamed  # noqa: E402
+
 log = logging.getLogger("regime_map")
 
 GRIDS = {   # new tokens per turn, output tokens per turn, DP sizes, semantics, modes
@@ -83,10 +87,7 @@ def run_cell(out: Path, c: dict, ray: bool) -> None:
     over = [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *MODES[c["mode"]], "logger=none",
             f"workload.tool_output.median={c['new_tokens']}", f"workload.output.median={c['output_tokens']}"]
     # job directories named by the policy overrides only (the cell's directory says the rest)
-    keys = ["hydra.sweep.dir", "hydra/launcher", "hydra.launcher.ray.init.address", "logger", "logger.mode",
-            "progress_interval_s", *(o.split("=")[0] for o in over)]
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out / cell_name(c)}", *over,
-           f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]",
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out / cell_name(c)}", *over, unnamed(over),
            *(["hydra/launcher=ray"] if ray else [])]
     for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={','.join(map(str, splits(engines)))}"]):
         rc = subprocess.run(cmd + policy, cwd=ROOT).returncode

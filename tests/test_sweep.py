@@ -103,3 +103,19 @@ def test_ray_launcher_runs_the_sweep(tmp_path):
                  "+hydra.launcher.ray.init.include_dashboard=false")
     assert res.returncode != 0 and "1 job(s) of the sweep" in res.stderr, res.stderr[-3000:]
     assert (job_dir(sweep, 2) / "summary.json").exists() and (job_dir(sweep, 0) / "error.json").exists()
+
+
+def test_a_settings_own_keys_are_left_out_of_its_job_directory_names(tmp_path):
+    """A setting of many agent-workload keys names its jobs by what varies (policy, seed) when the sweep
+    leaves the setting's keys out (harness.sweep.unnamed): without it these job names ran past the
+    255-byte file-name limit and the jobs failed."""
+    from harness.sweep import unnamed
+    setting = [*SMALL, "workload.turns.0.median=2", "workload.output.median=30", "workload.tool_output.median=40",
+               "workload.tool_latency.0.median=0.1", "workload.prompt.median=200", "++workload.group_score_corr=0.5"]
+    override = unnamed(setting)
+    assert override.startswith("hydra.job.config.override_dirname.exclude_keys=[hydra.sweep.dir,")
+    assert "workload.tool_latency.0.median" in override and ",workload.group_score_corr]" in override
+    sweep = tmp_path / "sweep"
+    done = run_py("-m", f"hydra.sweep.dir={sweep}", *setting, override, "policy=colocate", "seed=0,1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["policy=colocate,seed=0", "policy=colocate,seed=1"]

@@ -1,7 +1,7 @@
 """The agent-rollout generator behind every scripted workload: `workload=search|search_long|swe|tooluse|
 browse|reasoning` (the published families) and `workload=synthetic` (round illustrative numbers).
 
-The three families share one shape (docs/references.md, section 9): a trajectory is a chain of turns, each
+The families share one shape (docs/references.md, section 9): a trajectory is a chain of turns, each
 a prefill of new context, a decode, then a tool call whose output is appended. They differ only in
 numbers, so one generator reads them all from its YAML, and each YAML cites the rows it uses.
 

@@ -116,17 +116,23 @@ def modes_from_config(value, where: str) -> tuple[Mode, ...]:
     return modes
 
 
-def mixture_group_corr(modes: tuple[Mode, ...], rho: float, per_group: bool) -> float:
-    """The within-group correlation of the log of a value drawn from a mixture of lognormal modes with
-    the score sqrt(rho) z_group + sqrt(1 - rho) z_own (caps and rounding ignored): with the mode picked
-    per sample, two samples share only the score, rho (sum w sigma)^2; picked per group they also share
-    the mode, sum w (log median^2 + rho sigma^2) - (sum w log median)^2; over the mixture's variance."""
+def _mixture_logs(modes: tuple[Mode, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
+    """A mixture of lognormal modes in log space: weights (summing to 1), log medians, sigmas, and the
+    mean and variance of the log value (within and between modes)."""
     w = np.array([m.weight for m in modes], dtype=float)
     w = w / w.sum()
     mu = np.log([m.median for m in modes])
     s = np.array([m.sigma for m in modes], dtype=float)
     mean = float(w @ mu)
-    var = float(w @ (s ** 2 + mu ** 2)) - mean ** 2
+    return w, mu, s, mean, float(w @ (s ** 2 + mu ** 2)) - mean ** 2
+
+
+def mixture_group_corr(modes: tuple[Mode, ...], rho: float, per_group: bool) -> float:
+    """The within-group correlation of the log of a value drawn from a mixture of lognormal modes with
+    the score sqrt(rho) z_group + sqrt(1 - rho) z_own (caps and rounding ignored): with the mode picked
+    per sample, two samples share only the score, rho (sum w sigma)^2; picked per group they also share
+    the mode, sum w (log median^2 + rho sigma^2) - (sum w log median)^2; over the mixture's variance."""
+    w, mu, s, mean, var = _mixture_logs(modes)
     if var <= 0:
         return 0.0
     cov = float(w @ (mu ** 2 + rho * s ** 2)) - mean ** 2 if per_group else rho * float(w @ s) ** 2
@@ -137,14 +143,8 @@ def mixture_score_corr(modes: tuple[Mode, ...], loading: float) -> float:
     """The correlation of a standard-normal score Z with the log of a value drawn from a mixture of
     lognormal modes (picked apart from Z) at a score that loads `loading` on Z (caps and rounding
     ignored): loading x (sum w sigma) over the mixture's log spread; `loading` for one mode."""
-    if not loading:
-        return 0.0
-    w = np.array([m.weight for m in modes], dtype=float)
-    w = w / w.sum()
-    mu = np.log([m.median for m in modes])
-    s = np.array([m.sigma for m in modes], dtype=float)
-    var = float(w @ (s ** 2 + mu ** 2)) - float(w @ mu) ** 2
-    return loading * float(w @ s) / math.sqrt(var) if var > 0 else 0.0
+    w, _, s, _, var = _mixture_logs(modes)
+    return loading * float(w @ s) / math.sqrt(var) if loading and var > 0 else 0.0
 
 
 def mixture_prior(modes: tuple[Mode, ...]) -> LogNormalPrior:

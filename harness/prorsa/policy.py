@@ -274,15 +274,19 @@ class Prorsa:
                 k = start + len(out)                       # the run's k-th trajectory to start
                 step = min(k // per, len(self.run.step_weights) - 1)
                 n = min(count - len(out), (step + 1) * per - k)
-                shares = self.run.step_weights[step]
-                out += sampler.new(self.families, [shares.get(f, 0.0) for f in self.families], n,
-                                   -1 - count + len(out), rng)
+                out += sampler.new(self.families, self._step_mix(step), n, -1 - count + len(out), rng)
             return out
         recent = list(self.tracker.start_families)[-self.mix_window:]
         weights = self.weights
         if len(recent) >= self.mix_window:
             weights = [recent.count(f) for f in self.families]
         return sampler.new(self.families, weights, count, -1 - count, rng)
+
+    def _step_mix(self, step: int) -> list[float]:
+        """The declared task mix of RL step `step` (the last declared one past the schedule's end), one
+        share per family."""
+        shares = self.run.step_weights[min(step, len(self.run.step_weights) - 1)]
+        return [shares.get(f, 0.0) for f in self.families]
 
     def _next_step(self, sampler: FutureSampler, rng: np.random.Generator) -> Callable[[], list[FutureTrajectory]] | None:
         """Sync: the next step's batch for the forecast (None in async and after the last step), in GRPO
@@ -291,10 +295,7 @@ class Prorsa:
         run = self.run
         if run.mode != "sync" or self.tracker.started >= run.total_trajectories:
             return None
-        weights = self.weights
-        if run.step_weights:
-            shares = run.step_weights[min(self.tracker.started // run.trajectories_per_step, len(run.step_weights) - 1)]
-            weights = [shares.get(f, 0.0) or 1e-9 for f in self.families]
+        weights = self._step_mix(self.tracker.started // run.trajectories_per_step) if run.step_weights else self.weights
         count = run.trajectories_per_step
         return lambda: sampler.new(self.families, weights, count, -1 - count, rng, run.group_size)
 

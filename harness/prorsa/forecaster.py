@@ -3,8 +3,9 @@
 A forecast (made by the what-if run under the present allocation, whatif.py) gives per bin of
 `horizon_s / bins` seconds: the prompt tokens that become ready (TURN_READY tokens: what each turn
 appends to its context, the last output with the tool's, from every trajectory, whatever turn it is
-on; in sync also the next step's first prompts) and the sequences decoding at the bin's middle. The actual series come from the lifecycle events and the control ticks, so the error per bin
-(WAPE: sum |forecast - actual| / sum actual) can be reported for every horizon that has passed.
+on; in sync also the next step's first prompts) and the sequences decoding at the bin's middle.
+The actual series come from the lifecycle events and the control ticks, so the error per bin (WAPE:
+sum |forecast - actual| / sum actual) can be reported for every horizon that has passed.
 Memory stays bounded: arrivals are kept as a running total with their times, once each.
 """
 from __future__ import annotations

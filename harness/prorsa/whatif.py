@@ -329,6 +329,10 @@ class _Run:
         self.scored = len(self.futures)     # the trajectories the score is made of
         self.backend.set_listener(self.on_event, self.route)
 
+    @property
+    def horizon_s(self) -> float:
+        return self.bins * self.bin_s
+
     def start(self, ft: FutureTrajectory, delay: float) -> None:
         self.in_flight += 1
         self.backend.call_later(delay, partial(self.turn_ready, ft, 0))
@@ -391,7 +395,7 @@ class _Run:
         self.on_end()
         while self.waiting_new and self.in_flight < self.max_in_flight:
             self.start(self.waiting_new.pop(), 0.0)
-        if len(self.ends) == self.scored and self.then is not None and t < self.bins * self.bin_s:
+        if len(self.ends) == self.scored and self.then is not None and t < self.horizon_s:
             self.start_next_step()
 
     def start_next_step(self) -> None:
@@ -403,7 +407,7 @@ class _Run:
             self.futures[ft.trajectory_id] = ft
             self.next_step.add(ft.trajectory_id)
             self.start(ft, 0.0)
-        self.deadline = self.bins * self.bin_s
+        self.deadline = self.horizon_s
 
     def on_event(self, e: LifecycleEvent) -> None:
         self.prefix.observe(e)

@@ -332,9 +332,9 @@ def test_sync_check_averages_staying_and_the_target_over_the_fresh_samples():
     planner = Planner(cluster_of(HEAVY), whatif, hysteresis=0.05, allow_colocated=True, max_candidates=8)
     view = engines([Role.COLOCATED] * 4)
     d = Decision(1, dict(enumerate(roles_for(1, 4))), True, {}, None)
-    assert planner.check(view, d, [one_new("a"), one_new("a"), one_new("b")]) == pytest.approx((100.0, 100.0))
+    assert planner.check(view, d, [(one_new(f), []) for f in "aab"]) == pytest.approx((100.0, 100.0))
     assert sorted(whatif.runs) == sorted([(f, k) for f in "aab" for k in (COLOCATED, 1)])
-    stay, move = planner.check(view, d, [one_new(f) for f in "aaab"])
+    stay, move = planner.check(view, d, [(one_new(f), []) for f in "aaab"])
     assert (stay, move) == pytest.approx((100.0, 95.0)) and not move < stay * (1 - planner.hysteresis)
 
 
@@ -747,7 +747,7 @@ def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_ch
         target = current if split is None else split
         return Decision(target, target_roles(view, target), split is not None, {current: 1.0, target: 1.0}, outcome)
 
-    def check(view, decision, fresh):
+    def check(view, decision, fresh, max_in_flight, to_end):
         samples.append(len(fresh))
         return 1.0, next(checked)
     policy.planner.decide, policy.planner.check = decide, check
@@ -758,6 +758,37 @@ def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_ch
         made.append(policy.plan(view) is not None)
     assert made == [False, True, False, False, False, False, True]
     assert samples == [3] * 6
+
+
+@pytest.mark.parametrize("mechanism, checked", [("reshard", True), ("drain", True), ("kv_both", False)])
+def test_async_switch_is_checked_on_fresh_samples_when_it_drains_or_reloads(mechanism, checked):
+    """Async: a switch that drains or reloads engines is made only if its target also beats staying on
+    `check_samples` fresh samples, each with the trajectories still to start (the run's 8, minus the
+    4 started: 4); with kv_both (a router update) the plan's own sample decides. Staying scores 1.0 on
+    the fresh samples and the target 0.99, inside the 5% hysteresis: no switch where it is checked."""
+    from harness.prorsa.planner import Decision
+    from harness.prorsa.policy import Prorsa
+    from harness.prorsa.whatif import Outcome
+    policy = Prorsa(confirm_plans=1, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"fam": FAM})
+    policy.initial_roles(cluster_of(HEAVY + [f"cluster.switch_mechanism={mechanism}"]), run)
+    feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, i, 0, detail="fam") for i in range(4)]
+         + [E(K.TURN_READY, 0.0, i, 0, tokens=10) for i in range(4)])
+    outcome = Outcome(1.0, 1.0, 1.0, [1.0], np.zeros(5), np.zeros(5))
+    seen = []
+
+    def decide(view, current, *args, **kwargs):
+        return Decision(2, target_roles(view, 2), True, {current: 1.0, 2: 0.5}, outcome)
+
+    def check(view, decision, fresh, max_in_flight, to_end):
+        seen.append([(len(futures), len(new)) for futures, new in fresh])
+        return 1.0, 0.99
+    policy.planner.decide, policy.planner.check = decide, check
+    view = engines([Role.COLOCATED] * 4)
+    view.now = 1.0
+    switched = policy.plan(view) is not None
+    assert switched is not checked
+    assert seen == ([[(4, 4)] * 3] if checked else [])
 
 
 def test_whatif_weight_update_flushes_the_prefix_caches():

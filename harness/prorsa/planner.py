@@ -193,9 +193,11 @@ class Planner:
         return Decision(chosen, roles_of[chosen], chosen != current, scores, outcomes[current])
 
     def check(self, view: ClusterView, decision: Decision,
-              samples: list[list[FutureTrajectory]]) -> tuple[float, float]:
-        """Sync: the mean score of staying and of the switch `decision` wants, over fresh `samples` of
-        the live trajectories' futures (both run on each sample: paired). The plan chose its target as
+              samples: list[tuple[list[FutureTrajectory], list[FutureTrajectory]]], max_in_flight: int = 0,
+              to_end: bool = False) -> tuple[float, float]:
+        """The mean score of staying and of the switch `decision` wants, over fresh `samples` (the live
+        trajectories' futures, and in async RL the trajectories to start; both allocations run on each
+        sample: paired), scored as the plan scores (`to_end`). The plan chose its target as
         the best of every candidate on one sample, so that sample's gain is biased up, and on a step's
         slowest trajectory it is noisy. Measured on search_long on dense8_h100 (seed 0): the 20 plans
         that wanted a switch gained 6-48% on their own sample (mean 20%) and -5% on average over 8
@@ -205,9 +207,11 @@ class Planner:
         target = [decision.roles[e.engine_id] for e in view.engines]
         launched = view.launched_roles()
         stay, move = [], []
-        for futures in samples:
-            stay.append(self.score(self.whatif.run(futures, now_roles, now_roles, launched_as=launched)))
-            move.append(self.score(self.whatif.run(futures, now_roles, target, launched_as=launched)))
+        on_mean_end = self.on_mean_end(to_end)
+        for futures, new in samples:
+            for roles, scores in ((now_roles, stay), (target, move)):
+                scores.append(self.score(self.whatif.run(futures, now_roles, roles, new, max_in_flight,
+                                                         on_mean_end=on_mean_end, launched_as=launched), to_end))
         return float(np.mean(stay)), float(np.mean(move))
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,

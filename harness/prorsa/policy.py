@@ -12,8 +12,9 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
      end of the live trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying,
      in `confirm_plans` consecutive plans (each plan is one sample of the future: on browse on dense8_h100
      single plans flipped colocated <-> 6P2D nine times, each flip resetting every engine's prefix
-     cache), in sync RL also by the mean over `check_samples` fresh samples of the futures (the
-     step's slowest trajectory makes one sample's gain noisy), and not sooner than `min_dwell_s`
+     cache), in sync RL (and async when a switch drains or reloads engines) also by the mean over
+     `check_samples` fresh samples of the futures (one sample's gain is noisy and, as the best of
+     several candidates on it, biased up), and not sooner than `min_dwell_s`
      after the last switch.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
@@ -43,6 +44,16 @@ from harness.routing import Balance, PrefixTracker
 from harness.sim.backend import nested_runs
 
 log = logging.getLogger(__name__)
+
+
+# Async: the start is scored on this many sets of `max_in_flight` trajectories. The first set starts on
+# an empty cluster and the allocations tie on it; the later ones start as slots free up, so their ends
+# carry each allocation's throughput, which sets an async run's time. Measured on the async regime map's
+# 4k/50 cell on DP1 (256 in flight, 1,024 trajectories): the first 512 end at a mean 12.2 s colocated
+# and 12.3 s in 6P2D, all 1,024 at 22.8 and 25.2 s (the runs: 63.2 and 70.4 s). Sampling two sets the
+# plan put 6P2D ahead (10.6 against 10.8 s) and started there; sampling four, colocation (21.2 against
+# 22.5 s).
+INITIAL_IN_FLIGHT_SETS = 4
 
 
 def split_name(split: int, n: int) -> str:
@@ -174,17 +185,24 @@ class Prorsa:
 
     def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler,
                  rng: np.random.Generator) -> bool:
-        """Sync: whether the switch a plan wants still beats staying by the hysteresis, by the mean over
-        `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough).
-        Async plans keep their own sample: they score a mean end over hundreds of trajectories (the
-        last plans of an async run score its last end and were not measured with a check). With
-        `forecast: false` a plan has no sample (the present only)."""
-        if self.run.mode != "sync" or not self.check_samples or not self.use_forecast:
+        """Whether the switch a plan wants still beats staying by the hysteresis, by the mean over
+        `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough):
+        in sync RL, and in async RL when a switch drains or reloads engines (`drain`, `reshard`). With
+        kv_both an async switch is a router update, and a wrong one is undone at the next plan for
+        nothing. Measured on the async regime map's 16k/500 cell on DP8 (reshard): plan-to-plan scores
+        of 3P1D and 2P2D swung by up to 10% each way, two consecutive plans' own samples put 2P2D ahead
+        three times, and each move reloaded an engine for 60 s (746.7 s against 670.0 s for 3P1D
+        throughout); with the check, one move at 370 s: 664.5 s. With `forecast: false` a plan has no
+        sample (the present only)."""
+        async_priced = self.run.mode == "async" and self.cluster.switch_mechanism != "kv_both"
+        if not (self.run.mode == "sync" or async_priced) or not self.check_samples or not self.use_forecast:
             return True
         tpot = self._tpot()
-        samples = [sampler.live(view.now, self.tracker, self.prefix, tpot, rng, self.routes)
+        samples = [(sampler.live(view.now, self.tracker, self.prefix, tpot, rng, self.routes),
+                    self._new(sampler, rng) if async_priced else [])
                    for _ in range(self.check_samples)]
-        stay, move = self.planner.check(view, d, samples)
+        stay, move = self.planner.check(view, d, samples, self.run.max_in_flight if async_priced else 0,
+                                        self._to_end())
         n = len(view.engines)
         log.debug("t=%.1f check over %d fresh samples: %s %.1f s, %s %.1f s", view.now, len(samples),
                   split_name(current, n), stay, split_name(d.split, n), move)
@@ -334,11 +352,12 @@ class Prorsa:
         sampler = self._sampler(now)
         # a stream of its own per step start (the plans' streams are [seed, plan number])
         rng = np.random.default_rng([self.seed, 0] if present is None else [self.seed, 0, self.tracker.started])
-        # async: the live set and the next one, never more than the run has (a short run sampled at twice
-        # max_in_flight was twice as loaded as the real one, which favours splits: search on
-        # moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
+        # async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight, never more than the run has (a short run
+        # sampled at twice max_in_flight was twice as loaded as the real one, which favours splits: search
+        # on moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
         run = self.run
-        count = run.trajectories_per_step if run.mode == "sync" else min(2 * run.max_in_flight, run.total_trajectories)
+        count = run.trajectories_per_step if run.mode == "sync" else \
+            min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
         # sync: a batch of GRPO groups (its end is the slowest trajectory, and a hard prompt's samples are
         # slow together); async plans draw each trajectory and each turn afresh (they score a mean end)
         group = run.group_size if run.mode == "sync" else 1

@@ -122,6 +122,13 @@ class Planner:
         the rolling set."""
         return outcome.mean_end_s if self.on_mean_end(to_end) else outcome.completion_s
 
+    def scored_run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
+                   new: list[FutureTrajectory], max_in_flight: int, launched: list[Role] | None,
+                   to_end: bool = False) -> float:
+        """The score of one what-if run to its end (no bound) under `roles`, reached from `roles_now`."""
+        return self.score(self.whatif.run(futures, roles_now, roles, new, max_in_flight,
+                                          on_mean_end=self.on_mean_end(to_end), launched_as=launched), to_end)
+
     def candidates(self, current: int) -> list[int]:
         """Colocation and the splits; on big clusters the ones near the present split and a coarse grid."""
         n = self.cluster.num_engines
@@ -179,9 +186,8 @@ class Planner:
         def hedge_score(split: int, i: int) -> float:
             if (split, i) not in hedged:
                 roles = [roles_of[split][e.engine_id] for e in view.engines]
-                hedged[split, i] = self.score(self.whatif.run(futures, now_roles, roles, hedges[i], max_in_flight,
-                                                              on_mean_end=self.on_mean_end(to_end),
-                                                              launched_as=launched), to_end)
+                hedged[split, i] = self.scored_run(futures, now_roles, roles, hedges[i], max_in_flight, launched,
+                                                   to_end)
             return hedged[split, i]
 
         def robust(k: int) -> bool:
@@ -207,11 +213,9 @@ class Planner:
         target = [decision.roles[e.engine_id] for e in view.engines]
         launched = view.launched_roles()
         stay, move = [], []
-        on_mean_end = self.on_mean_end(to_end)
         for futures, new in samples:
             for roles, scores in ((now_roles, stay), (target, move)):
-                scores.append(self.score(self.whatif.run(futures, now_roles, roles, new, max_in_flight,
-                                                         on_mean_end=on_mean_end, launched_as=launched), to_end))
+                scores.append(self.scored_run(futures, now_roles, roles, new, max_in_flight, launched, to_end))
         return float(np.mean(stay)), float(np.mean(move))
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
@@ -247,8 +251,7 @@ class Planner:
             now_roles, launched = [e.role for e in present.engines], present.launched_roles()
 
         def run(k: int, new: list[FutureTrajectory]) -> float:
-            return self.score(self.whatif.run([], now_roles or roles[k], roles[k], new, max_in_flight,
-                                              launched_as=launched))
+            return self.scored_run([], now_roles or roles[k], roles[k], new, max_in_flight, launched)
         per = {k: [run(k, new) for new in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()

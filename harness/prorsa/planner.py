@@ -8,9 +8,14 @@ in async RL it is the mean end of the live trajectories plus the next `max_in_fl
 rolling phase). The what-if run of a switch includes its whole price under the cluster's switch
 mechanism (drain, switch time, lost prefix cache, resharding), so a switch is taken when the best
 candidate beats staying by more than `hysteresis` (a share of the current prediction: sampling
-noise, not a cost). Async uses the mean end, not the last: async RL wants throughput, and the last
-end of a rolling set is one long trajectory's chain of turns and tool calls, which barely depends on
-the allocation (every split that keeps up with the work ties on it).
+noise, not a cost). Async uses the mean end, not the last, until the plan covers the run's end: async
+RL wants throughput, and the last end of a rolling set is a few long chains of turns and tool calls.
+The allocation does move those (a split's fewer decode engines each decode more beside a chain: on the
+async regime map's 1k/500 cell on DP4, seed 2, the run's last trajectories took 116.5 and 150.9 s in
+2P6D against 100.0 and 133.3 s colocated, the mean ends tying), but which trajectories draw them is
+the run's draw: scoring the async start by its sampled last end ranked colocation 5.5% ahead of 1P7D
+on search_long (moe_h200) with 45-57 s of spread per sample, and colocation ran 0.950x of 1P7D there
+(REPRODUCE.md section 6).
 """
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def two_live_futures():
              E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
     prefix = PrefixTracker()
     feed(prefix, first_turn(1))
-    return future_sampler(t, RUN, 30, 2.0, 0.01).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
+    return future_sampler(t, RUN, 30, 2.0, 0.01, levels=True).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
 
 
 def test_futures_of_hand_made_lifecycles_known_answer():
@@ -171,7 +171,7 @@ def test_whatif_predicts_the_measured_rollout(split):
     cluster = cluster_of(HEAVY)
     workload = instantiate(cfg.workload, seed=0)
     run = run_info(ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)), workload)
-    sampler = future_sampler(LifecycleTracker(), run, 30, 0.0, 0.01)
+    sampler = future_sampler(LifecycleTracker(), run, 30, 0.0, 0.01, levels=True)
     roles = roles_for(split, 4)
     predicted = np.mean([WhatIf(cluster, 5, 4.0).run([], roles, roles, sampler.new(
         sorted(run.priors), [1.0], run.trajectories_per_step, 0, np.random.default_rng(r)), run.max_in_flight).completion_s
@@ -188,7 +188,7 @@ def test_whatif_switch_to_colocation_spreads_the_turns_that_waited():
     engine came back put them all on it: 2.1x colocation's end (101.5 vs 48.8 s)."""
     overrides = ["workload=synthetic", "cluster.num_engines=4"]
     cluster = cluster_of(overrides)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01, levels=True)
     new = sampler.new(["synthetic"], [1.0], 32, 0, np.random.default_rng(0))
     whatif = WhatIf(cluster, 5, 4.0)
     stay = whatif.run([], roles_for(COLOCATED, 4), roles_for(COLOCATED, 4), new, 32).completion_s
@@ -199,7 +199,7 @@ def test_whatif_switch_to_colocation_spreads_the_turns_that_waited():
 
 def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain():
     cluster = cluster_of(HEAVY)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01, levels=True)
     new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
     split, scores = planner.initial([new], 64)
@@ -222,7 +222,7 @@ def test_step_start_plan_prices_the_switch_from_the_present_roles():
     60 s later (cluster.reshard_switch_time_s, every engine moving), so it scores its from-scratch
     time plus 60 s exactly, and the present split is kept unless another beats it by the hysteresis."""
     cluster = cluster_of(HEAVY)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01, levels=True)
     new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
     best, scratch = planner.initial([new], 64)
@@ -558,7 +558,8 @@ def test_run_info_tells_the_group_size_and_workloads_their_turn_group_correlatio
 def test_shared_output_share_is_learned_from_trajectories():
     """The prior's share until `min_observations` trajectories have two finished turns; then the
     estimate from them (ended and live): here each trajectory repeats its own length, a share of 1.
-    Sync only: async plans score a mean end, and draw every turn afresh."""
+    Only where a plan scores a last end (`levels`): async plans that score a mean end draw every turn
+    afresh."""
     from dataclasses import replace
     from harness.prorsa.planner import output_shared
     run = replace(RUN, priors={"fam": replace(FAM, output_shared=0.3)})
@@ -575,7 +576,8 @@ def test_shared_output_share_is_learned_from_trajectories():
             t.observe(E(K.TRAJECTORY_END, 2.0, tid, 1))
     assert sorted(map(tuple, t.output_groups()["fam"])) == [(10, 10), (20, 20), (30, 30), (40, 40)]
     assert output_shared(t, run, 3) == {"fam": 1.0}
-    assert output_shared(t, replace(run, mode="async"), 3) == {}   # async plans draw every turn afresh
+    assert future_sampler(t, run, 3, 2.0, 0.01, levels=True).output_shared == {"fam": 1.0}
+    assert future_sampler(t, run, 3, 2.0, 0.01, levels=False).output_shared == {}
 
 
 def test_workloads_state_how_much_a_trajectory_shares_its_output_length():
@@ -694,7 +696,7 @@ def test_learned_distribution_waits_until_most_observations_have_ended(running, 
     t.outputs[family] = deque([50] * 40)
     for tid in range(running):
         t.live[tid] = TrajectoryState(tid, family, 0.0, phase=Phase.DECODING, phase_since=0.0)
-    outputs = future_sampler(t, run, 30, 1.0, 0.01).outputs[family]
+    outputs = future_sampler(t, run, 30, 1.0, 0.01, levels=True).outputs[family]
     prior = prior_samples(run.priors[family].output_tokens)
     assert (not learned) == (len(outputs) == len(prior) and np.array_equal(outputs, prior))
 
@@ -789,6 +791,47 @@ def test_async_switch_is_checked_on_fresh_samples_when_it_drains_or_reloads(mech
     switched = policy.plan(view) is not None
     assert switched is not checked
     assert seen == ([[(4, 4)] * 3] if checked else [])
+
+
+def test_async_start_on_the_whole_run_is_scored_by_its_last_end():
+    """Async: 2P ends its trajectories sooner on average (mean end 50 against colocation's 55) and its
+    last one later (200 against 180). A start sampled on part of the run takes 2P (the throughput);
+    one sampled on the whole run (`to_end`) takes colocation (the run's end)."""
+    table = {COLOCATED: (55.0, 180.0), 1: (90.0, 300.0), 2: (50.0, 200.0), 3: (70.0, 260.0)}
+    planner = Planner(cluster_of(HEAVY), EndsWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
+                      mode="async")
+    assert planner.initial([one_new("a")], 8)[0] == 2
+    split, scores = planner.initial([one_new("a")], 8, to_end=True)
+    assert split == COLOCATED and scores == {k: last for k, (_, last) in table.items()}
+
+
+@pytest.mark.parametrize("steps,whole", [(2, True), (8, False)])
+def test_async_start_samples_the_whole_run_in_groups_with_output_levels(steps, whole):
+    """Async, 4 in flight, groups of 2: a run of 2 steps x 4 (8 trajectories, no more than the start's
+    four in-flight sets) is sampled whole, in GRPO groups (a group's samples share their prompt) with
+    each trajectory's output level, `initial_max_samples` times from the first, and scored by its last
+    end; a run of 32 by `initial_samples` samples of 16 trajectories drawn one by one, scored by their
+    mean end."""
+    from harness.prorsa.policy import Prorsa
+    prior = replace(FAM, prompt_tokens=LogNormalPrior(100, 1.0), output_shared=0.5)
+    run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=4, num_steps=steps, priors={"fam": prior},
+                  group_size=2)
+    policy = Prorsa(initial_samples=1, initial_max_samples=2)
+    seen = {}
+
+    def initial(samples, max_in_flight, hedges, more, max_samples, present, to_end):
+        seen.update(to_end=to_end, sample=samples[0], samples=len(samples))
+        return COLOCATED, {COLOCATED: 1.0}
+    policy.initial = "colocated"
+    policy.initial_roles(cluster_of(HEAVY), run)
+    policy.planner.initial = initial
+    policy._initial_split()
+    sample = seen["sample"]
+    assert seen["to_end"] is whole and len(sample) == (8 if whole else 16) and seen["samples"] == (2 if whole else 1)
+    prompts = [ft.turns[0].prompt_tokens for ft in sample]
+    paired = all(prompts[i] == prompts[i + 1] for i in range(0, len(prompts), 2))
+    assert paired is whole
+    assert bool(policy._sampler(0.0, whole)._levels) is whole
 
 
 def test_whatif_weight_update_flushes_the_prefix_caches():

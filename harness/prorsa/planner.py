@@ -12,10 +12,8 @@ noise, not a cost). Async uses the mean end, not the last, until the plan covers
 RL wants throughput, and the last end of a rolling set is a few long chains of turns and tool calls.
 The allocation does move those (a split's fewer decode engines each decode more beside a chain: on the
 async regime map's 1k/500 cell on DP4, seed 2, the run's last trajectories took 116.5 and 150.9 s in
-2P6D against 100.0 and 133.3 s colocated, the mean ends tying), but which trajectories draw them is
-the run's draw: scoring the async start by its sampled last end ranked colocation 5.5% ahead of 1P7D
-on search_long (moe_h200) with 45-57 s of spread per sample, and colocation ran 0.950x of 1P7D there
-(REPRODUCE.md section 6).
+2P6D against 100.0 and 133.3 s colocated, the mean ends tying), so an async start whose sample is the
+whole run is scored by its last end, on many samples (policy.py `_initial_split`).
 """
 from __future__ import annotations
 
@@ -41,7 +39,7 @@ def prior_samples(prior: LogNormalPrior) -> np.ndarray:
 
 
 def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int, now: float,
-                   tpot: float) -> FutureSampler:
+                   tpot: float, levels: bool) -> FutureSampler:
     """Per family: once `min_observations` values have ended, and no fewer than are still running, the
     product-limit estimate from them and from what the live trajectories have reached so far
     (estimate.py); the prior until then (turns cut at the family's turn cap); and how much a
@@ -65,7 +63,7 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                 out[family] = product_limit(np.asarray(seen, dtype=float), np.asarray(running, dtype=float), prior)
         return out
     turns = pick(tracker.finished_turns, "turns")
-    shared = output_shared(tracker, run, min_observations)
+    shared = output_shared(tracker, run, min_observations) if levels else {}
     return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
                          tool_latency=pick(tracker.tool_latencies, "tool_latency_s"),
                          tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),
@@ -82,14 +80,12 @@ def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int
     trajectories with two finished turns or more once `min_observations` of them are seen (live ones
     included), the workload's prior until then.
 
-    Sync RL only. The sync score is the step's last end, the tail of per-trajectory totals, which this
-    shapes first-order (heavy_prefill, seeds 0-3: without it the planner chose 6P2D at every seed,
-    0.88-0.97x of the best split; with it 5P3D, the best, at every seed). The async score is a mean end,
-    which it leaves unbiased while making each plan's sample noisier: measured on the shifting
-    experiments it slowed Prorsa at every run tried (kv_both seed 0 855.0 -> 906.6 s, seed 1 840.2 ->
-    863.4 s; reshard seed 0 889.7 -> 939.6 s), so async plans draw every turn afresh."""
-    if run.mode != "sync":
-        return {}
+    For plans scored by the last end of a whole step or run: that end is the tail of per-trajectory
+    totals, which this shapes first-order (heavy_prefill, seeds 0-3: without it the planner chose 6P2D
+    at every seed, 0.88-0.97x of the best split; with it 5P3D, the best, at every seed). A mean end it
+    leaves unbiased while making each plan's sample noisier: measured on the shifting experiments it
+    slowed Prorsa at every run tried (kv_both seed 0 855.0 -> 906.6 s, seed 1 840.2 -> 863.4 s;
+    reshard seed 0 889.7 -> 939.6 s), so the async plans made during a run draw every turn afresh."""
     groups = tracker.output_groups()
     out = {}
     for family, priors in run.priors.items():
@@ -225,7 +221,8 @@ class Planner:
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
                 hedges: list[list[FutureTrajectory]] = (), more: Callable[[], list[FutureTrajectory]] | None = None,
-                max_samples: int = 0, present: ClusterView | None = None) -> tuple[int, dict[int, float]]:
+                max_samples: int = 0, present: ClusterView | None = None,
+                to_end: bool = False) -> tuple[int, dict[int, float]]:
         """The best allocation to start in (no switch), by the mean score over samples of trajectories
         drawn from the priors (one sample's slowest trajectory is noise). With `more`, samples are
         added (up to `max_samples`) while the choice is still open: while some candidate within the
@@ -242,7 +239,9 @@ class Planner:
 
         `present`: the cluster between two sync steps (every engine idle, nothing queued). Each candidate
         is then reached from the present roles by moving the fewest engines, its switch priced by the
-        what-if, and the present split is left only for one that beats it by more than the hysteresis."""
+        what-if, and the present split is left only for one that beats it by more than the hysteresis.
+
+        `to_end` (async): the samples are the whole run, so they are scored by their last end."""
         n = self.cluster.num_engines
         current = current_split(present) if present is not None else None
         splits = self.candidates(current if current is not None else COLOCATED if self.allow_colocated else 1)
@@ -256,7 +255,7 @@ class Planner:
             now_roles, launched = [e.role for e in present.engines], present.launched_roles()
 
         def run(k: int, new: list[FutureTrajectory]) -> float:
-            return self.scored_run([], now_roles or roles[k], roles[k], new, max_in_flight, launched)
+            return self.scored_run([], now_roles or roles[k], roles[k], new, max_in_flight, launched, to_end)
         per = {k: [run(k, new) for new in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()

@@ -273,8 +273,12 @@ class Prorsa:
             if self.work is not None:
                 self.work.left[f] = factor * output
 
-    def _sampler(self, now: float) -> FutureSampler:
-        return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot())
+    def _sampler(self, now: float, whole: bool = False) -> FutureSampler:
+        """The distributions a plan samples from, with each trajectory's output level where the plan
+        scores a whole step's or run's last end (sync; `whole`: an async start whose sample is the
+        whole run; planner.output_shared)."""
+        levels = self.run.mode == "sync" or whole
+        return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot(), levels)
 
     def _new(self, sampler: FutureSampler, rng) -> list[FutureTrajectory]:
         """Async: the next `max_in_flight` trajectories to start (fewer when the run has fewer left:
@@ -349,7 +353,6 @@ class Prorsa:
         draws, more while the choice is open, up to `initial_max_samples`); with `present` (between two
         sync steps), from the distributions learned so far, reached from the present roles."""
         now = present.now if present is not None else 0.0
-        sampler = self._sampler(now)
         # a stream of its own per step start (the plans' streams are [seed, plan number])
         rng = np.random.default_rng([self.seed, 0] if present is None else [self.seed, 0, self.tracker.started])
         # async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight, never more than the run has (a short run
@@ -358,16 +361,28 @@ class Prorsa:
         run = self.run
         count = run.trajectories_per_step if run.mode == "sync" else \
             min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
-        # sync: a batch of GRPO groups (its end is the slowest trajectory, and a hard prompt's samples are
-        # slow together); async plans draw each trajectory and each turn afresh (they score a mean end)
-        group = run.group_size if run.mode == "sync" else 1
-        samples = [sampler.new(self.families, self.weights, count, 0, rng, group) for _ in range(self.initial_samples)]
+        # a sample that is the whole run (async) is scored as a sync step is: by its last end, in GRPO
+        # groups with each trajectory's output level, on `initial_max_samples` samples. Why: the run's
+        # time is its last end, set by a few long chains of turns, which the allocation slows or speeds
+        # while the mean ends tie. Measured on the async regime map's 1k/500 cell on DP4 (seed 2): mean
+        # end 64.0 s colocated and 63.9 s in 2P6D, while the trajectories that end the runs took 100.0
+        # and 133.3 s colocated against 116.5 and 150.9 s in 2P6D; drawn one by one without levels, the
+        # sampled runs ended at 150 s against 195-272 s measured at seeds 0-2 (with both: 208 s). One
+        # sample's last end spreads by 10-20%, more than the hysteresis that decides when samples are
+        # added: on search_long (moe_h200, seed 0) three samples put colocation 5.5% ahead of 1P7D
+        # (measured: 593.3 against 563.9 s), twelve put 1P7D 2.1% ahead (569.8 against 581.8 s).
+        # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
+        whole = run.mode == "async" and count == run.total_trajectories
+        sampler = self._sampler(now, whole)
+        group = run.group_size if run.mode == "sync" or whole else 1
+        first = self.initial_max_samples if whole else self.initial_samples
+        samples = [sampler.new(self.families, self.weights, count, 0, rng, group) for _ in range(first)]
         hedges = []
         if len(self.families) > 1 and present is None:   # the mix may change: also weigh each family alone
             hedges = sampler.each_family_alone(self.families, count, 0, rng)
         split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
                                              lambda: sampler.new(self.families, self.weights, count, 0, rng, group),
-                                             self.initial_max_samples, present)
+                                             self.initial_max_samples, present, to_end=whole)
         self.plan_scores.append((now, scores))
         n = self.cluster.num_engines
         log.debug("%s plan: %s -> %s", "initial" if present is None else f"t={now:.1f} step start",

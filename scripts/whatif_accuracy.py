@@ -54,8 +54,7 @@ def predicted(cfg, split: int, samples: int) -> tuple[float, float]:
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     run = run_info(mode, instantiate(cfg.workload, seed=cfg.seed))
-    # priors only (nothing observed yet); output levels where a step's last end is scored, as the plan does
-    sampler = future_sampler(LifecycleTracker(), run, 1, 0.0, 0.01, levels=run.mode == "sync")
+    sampler = future_sampler(LifecycleTracker(), run, 1, 0.0, 0.01)   # priors only: nothing observed yet
     families = sorted(run.priors)
     weights = [run.weights.get(f, 0.0) or 1e-9 for f in families]
     count = run.trajectories_per_step * run.num_steps

@@ -78,7 +78,7 @@ def two_live_futures():
              E(K.PREFILL_START, 1.8, 2, 0), E(K.PREFILL_END, 1.8, 2, 0), E(K.DECODE_START, 1.8, 2, 0)])
     prefix = PrefixTracker()
     feed(prefix, first_turn(1))
-    return future_sampler(t, RUN, 30, 2.0, 0.01, levels=True).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
+    return future_sampler(t, RUN, 30, 2.0, 0.01).live(2.0, t, prefix, tpot=0.01, rng=np.random.default_rng(0))
 
 
 def test_futures_of_hand_made_lifecycles_known_answer():
@@ -171,7 +171,7 @@ def test_whatif_predicts_the_measured_rollout(split):
     cluster = cluster_of(HEAVY)
     workload = instantiate(cfg.workload, seed=0)
     run = run_info(ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True)), workload)
-    sampler = future_sampler(LifecycleTracker(), run, 30, 0.0, 0.01, levels=True)
+    sampler = future_sampler(LifecycleTracker(), run, 30, 0.0, 0.01)
     roles = roles_for(split, 4)
     predicted = np.mean([WhatIf(cluster, 5, 4.0).run([], roles, roles, sampler.new(
         sorted(run.priors), [1.0], run.trajectories_per_step, 0, np.random.default_rng(r)), run.max_in_flight).completion_s
@@ -188,7 +188,7 @@ def test_whatif_switch_to_colocation_spreads_the_turns_that_waited():
     engine came back put them all on it: 2.1x colocation's end (101.5 vs 48.8 s)."""
     overrides = ["workload=synthetic", "cluster.num_engines=4"]
     cluster = cluster_of(overrides)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01, levels=True)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
     new = sampler.new(["synthetic"], [1.0], 32, 0, np.random.default_rng(0))
     whatif = WhatIf(cluster, 5, 4.0)
     stay = whatif.run([], roles_for(COLOCATED, 4), roles_for(COLOCATED, 4), new, 32).completion_s
@@ -199,7 +199,7 @@ def test_whatif_switch_to_colocation_spreads_the_turns_that_waited():
 
 def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain():
     cluster = cluster_of(HEAVY)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01, levels=True)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
     new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
     split, scores = planner.initial([new], 64)
@@ -222,7 +222,7 @@ def test_step_start_plan_prices_the_switch_from_the_present_roles():
     60 s later (cluster.reshard_switch_time_s, every engine moving), so it scores its from-scratch
     time plus 60 s exactly, and the present split is kept unless another beats it by the hysteresis."""
     cluster = cluster_of(HEAVY)
-    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01, levels=True)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
     new = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
     best, scratch = planner.initial([new], 64)
@@ -558,8 +558,8 @@ def test_run_info_tells_the_group_size_and_workloads_their_turn_group_correlatio
 def test_shared_output_share_is_learned_from_trajectories():
     """The prior's share until `min_observations` trajectories have two finished turns; then the
     estimate from them (ended and live): here each trajectory repeats its own length, a share of 1.
-    Only where a plan scores a last end (`levels`): async plans that score a mean end draw every turn
-    afresh."""
+    Only where a plan scores the last end of a whole step or run (sync; async with `whole_run`): async
+    plans that score a mean end draw every turn afresh."""
     from dataclasses import replace
     from harness.prorsa.planner import output_shared
     run = replace(RUN, priors={"fam": replace(FAM, output_shared=0.3)})
@@ -576,8 +576,10 @@ def test_shared_output_share_is_learned_from_trajectories():
             t.observe(E(K.TRAJECTORY_END, 2.0, tid, 1))
     assert sorted(map(tuple, t.output_groups()["fam"])) == [(10, 10), (20, 20), (30, 30), (40, 40)]
     assert output_shared(t, run, 3) == {"fam": 1.0}
-    assert future_sampler(t, run, 3, 2.0, 0.01, levels=True).output_shared == {"fam": 1.0}
-    assert future_sampler(t, run, 3, 2.0, 0.01, levels=False).output_shared == {}
+    assert future_sampler(t, run, 3, 2.0, 0.01).output_shared == {"fam": 1.0}
+    in_async = replace(run, mode="async")
+    assert future_sampler(t, in_async, 3, 2.0, 0.01, whole_run=True).output_shared == {"fam": 1.0}
+    assert future_sampler(t, in_async, 3, 2.0, 0.01).output_shared == {}
 
 
 def test_workloads_state_how_much_a_trajectory_shares_its_output_length():
@@ -696,7 +698,7 @@ def test_learned_distribution_waits_until_most_observations_have_ended(running, 
     t.outputs[family] = deque([50] * 40)
     for tid in range(running):
         t.live[tid] = TrajectoryState(tid, family, 0.0, phase=Phase.DECODING, phase_since=0.0)
-    outputs = future_sampler(t, run, 30, 1.0, 0.01, levels=True).outputs[family]
+    outputs = future_sampler(t, run, 30, 1.0, 0.01).outputs[family]
     prior = prior_samples(run.priors[family].output_tokens)
     assert (not learned) == (len(outputs) == len(prior) and np.array_equal(outputs, prior))
 

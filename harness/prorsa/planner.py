@@ -39,11 +39,12 @@ def prior_samples(prior: LogNormalPrior) -> np.ndarray:
 
 
 def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int, now: float,
-                   tpot: float, levels: bool) -> FutureSampler:
+                   tpot: float, whole_run: bool = False) -> FutureSampler:
     """Per family: once `min_observations` values have ended, and no fewer than are still running, the
     product-limit estimate from them and from what the live trajectories have reached so far
     (estimate.py); the prior until then (turns cut at the family's turn cap); and how much a
-    trajectory's turns share their output length. While most values are still running, the ended ones
+    trajectory's turns share their output length, where a plan scores the last end of a whole sync step
+    or (`whole_run`) of an async run (output_shared). While most values are still running, the ended ones
     are the short ones and the running ones say only "longer than this", so the estimate's upper half
     rests on little: on mix_reason_browse (dense8_h100, async) at 50 s, 41 ended and 127 decoding
     reasoning turns gave a mean output of 1,260 tokens against 1,861 true (prior 2,264), and the
@@ -63,7 +64,7 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                 out[family] = product_limit(np.asarray(seen, dtype=float), np.asarray(running, dtype=float), prior)
         return out
     turns = pick(tracker.finished_turns, "turns")
-    shared = output_shared(tracker, run, min_observations) if levels else {}
+    shared = output_shared(tracker, run, min_observations) if run.mode == "sync" or whole_run else {}
     return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
                          tool_latency=pick(tracker.tool_latencies, "tool_latency_s"),
                          tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),

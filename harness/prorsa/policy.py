@@ -273,12 +273,10 @@ class Prorsa:
             if self.work is not None:
                 self.work.left[f] = factor * output
 
-    def _sampler(self, now: float, whole: bool = False) -> FutureSampler:
-        """The distributions a plan samples from, with each trajectory's output level where the plan
-        scores a whole step's or run's last end (sync; `whole`: an async start whose sample is the
-        whole run; planner.output_shared)."""
-        levels = self.run.mode == "sync" or whole
-        return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot(), levels)
+    def _sampler(self, now: float, whole_run: bool = False) -> FutureSampler:
+        """The distributions a plan samples from (`whole_run`: an async start whose sample is the whole
+        run; planner.future_sampler)."""
+        return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot(), whole_run)
 
     def _new(self, sampler: FutureSampler, rng) -> list[FutureTrajectory]:
         """Async: the next `max_in_flight` trajectories to start (fewer when the run has fewer left:
@@ -374,7 +372,8 @@ class Prorsa:
         # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
         whole = run.mode == "async" and count == run.total_trajectories
         sampler = self._sampler(now, whole)
-        group = run.group_size if run.mode == "sync" or whole else 1
+        as_step = run.mode == "sync" or whole
+        group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
         samples = [sampler.new(self.families, self.weights, count, 0, rng, group) for _ in range(first)]
         hedges = []

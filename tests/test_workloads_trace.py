@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from statistics import NormalDist
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
+from harness.api import LogNormalPrior
+from workloads.base import fit_lognormal
 from workloads.llmservingsim import import_sessions
 from workloads.trace import TraceError, TraceWorkload, export_trace, read_trace
 
@@ -165,3 +170,32 @@ def test_trace_priors_measure_how_a_trajectorys_turn_count_goes_with_its_answers
     # the samples of one prompt share part of their turn count: the trace gives back about swe's (its
     # turn modes, picked per sample, leave 0.1 of rho 0.5)
     assert swe_trace.turns_group_corr == pytest.approx(swe.priors()["swe"].turns_group_corr, abs=0.1)
+
+
+def test_trace_priors_keep_the_modes_of_bimodal_values():
+    """Quantile points of a 70:30 mixture of lognormals (medians 60 and 900 tokens, log sigma 0.4 and
+    0.5) come back as its two parts, weights and medians within a few percent; the one lognormal
+    through them has their median but half their mean, the parts give the mean back."""
+    z = [NormalDist().inv_cdf((i + 0.5) / 700) for i in range(700)]
+    y = [NormalDist().inv_cdf((i + 0.5) / 300) for i in range(300)]
+    values = [60 * math.exp(0.4 * a) for a in z] + [900 * math.exp(0.5 * b) for b in y]
+    prior = fit_lognormal(values)
+    (w_low, low), (w_high, high) = prior.parts
+    assert w_low == pytest.approx(0.7, abs=0.02) and w_high == pytest.approx(0.3, abs=0.02)
+    assert low.median == pytest.approx(60, rel=0.05) and high.median == pytest.approx(900, rel=0.05)
+    assert low.sigma == pytest.approx(0.4, abs=0.03) and high.sigma == pytest.approx(0.5, abs=0.03)
+    assert prior.median == pytest.approx(float(np.median(values)))   # the data's own, as before
+    true_mean = float(np.mean(values))
+    one = LogNormalPrior(prior.median, prior.sigma)
+    assert np.mean(one.quantiles(999)) < 0.6 * true_mean
+    assert np.mean(prior.quantiles(999)) == pytest.approx(true_mean, rel=0.05)
+
+
+def test_trace_priors_stay_one_lognormal_where_one_fits():
+    """Lognormal values, values with a zero (no log) and too few values give no parts."""
+    lognormal = [500 * math.exp(0.7 * NormalDist().inv_cdf((i + 0.5) / 1000)) for i in range(1000)]
+    assert fit_lognormal(lognormal).parts == ()
+    bimodal = [60.0] * 100 + [900.0] * 100
+    assert fit_lognormal(bimodal).parts != ()
+    assert fit_lognormal([0.0] + bimodal).parts == ()
+    assert fit_lognormal(bimodal[::5]).parts == ()   # 40 values: too few to tell

@@ -23,8 +23,9 @@ The whole file is read and checked when the workload is built: a malformed line 
 file name, line number and field, before anything is simulated.
 
 `priors()` are distribution priors from the trace, not a replay of it: per family, a lognormal fitted
-to the file's own values (median, and standard deviation of the logs; workloads.base.fit_lognormal)
-of first prompts, outputs per turn, tool output and latency per tool call, and turns per trajectory.
+to the file's own values (median, and standard deviation of the logs; workloads.base.fit_lognormal,
+which keeps a mixture's components where the values are clearly multimodal) of first prompts, outputs
+per turn, tool output and latency per tool call, and turns per trajectory.
 A policy learns what the file's population looks like, never which trajectory does what.
 """
 from __future__ import annotations

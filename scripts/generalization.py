@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.sweep import unnamed  # noqa: E402
@@ -71,8 +73,66 @@ SETTINGS: dict[str, list[str]] = {
                                   "mode=async", "mode.max_in_flight=128"],
     "tooluse_dense8_kvboth_async": ["workload=tooluse", "cluster=dense8_h100", "cluster.switch_mechanism=kv_both",
                                     "mode=async", "mode.max_in_flight=128"],
+    # Fifth group, chosen before its first run: two trace families no generator of the repo makes
+    # (write_traces; replayed, so every seed runs the same trajectories and only Prorsa's own draws
+    # change), a paper-kind cluster on decode-heavy reasoning, SWE on the MoE cluster with SGLang's steps,
+    # SGLang in async with mid-sized pages.
+    "analyst_moe_sync": ["workload=trace", "workload.path={traces}/analyst.jsonl", "workload.batch_size=64",
+                         "cluster=moe_h200"],
+    "review_sglang_sync": ["workload=trace", "workload.path={traces}/review.jsonl", "workload.batch_size=64",
+                           "cluster=moe_h200_sglang"],
+    "reasoning_qwen235_sync": ["workload=reasoning", "cluster=qwen235_h200"],
+    "swe_moe_sglang_sync": ["workload=swe", "cluster=moe_h200_sglang"],
+    "analyst_dense8_async": ["workload=trace", "workload.path={traces}/analyst.jsonl", "workload.batch_size=64",
+                             "cluster=dense8_h100", "mode=async", "mode.max_in_flight=256"],
+    "review_dense32_async": ["workload=trace", "workload.path={traces}/review.jsonl", "workload.batch_size=64",
+                             "cluster=dense_h100", "mode=async", "mode.max_in_flight=128"],
+    "synth_sglang_async": ["workload=synthetic", "cluster=moe_h200_sglang", "mode=async", "mode.max_in_flight=256",
+                           "workload.batch_size=32", "workload.prompt.median=3000",
+                           "workload.tool_output.median=1500", "workload.output.median=400"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
+
+
+def write_traces(directory: Path) -> None:
+    """Two agent families as JSONL traces (workloads/trace.py), 128 prompts x 8 samples each, a prompt's
+    samples sharing it; illustrative shapes, not fitted to anything:
+    - analyst (a data-analysis agent): a 2,500-token task; per turn a short tool call (~60 tokens, 70%)
+      or a long analysis (~900 tokens, 30%), then a table of ~2,500 tokens after ~2 s; 2-14 turns
+      (1 + geometric(0.15), capped), so values pile up at the cap: multimodal outputs and turn counts;
+    - review (a code-review agent): a ~12k-token diff with its files; 2-4 turns of ~400-token answers,
+      ~300-token tool outputs after ~0.8 s (exponential)."""
+    rng = np.random.default_rng(2026)
+
+    def lognormal(median: float, sigma: float, low: int, high: int) -> int:
+        return int(np.clip(median * np.exp(sigma * rng.standard_normal()), low, high))
+
+    def analyst(group: int, prompt: int) -> dict:
+        turns, new = [], prompt
+        for _ in range(min(1 + int(rng.geometric(0.15)), 14)):
+            out = lognormal(60, 0.4, 8, 400) if rng.random() < 0.7 else lognormal(900, 0.5, 100, 4000)
+            tool = lognormal(2500, 0.8, 50, 12000)
+            turns.append({"new_tokens": new, "output_tokens": out, "tool_output_tokens": tool,
+                          "tool_latency_s": round(float(2.0 * np.exp(0.6 * rng.standard_normal())), 3)})
+            new = tool
+        return {"group": group, "family": "analyst", "turns": turns}
+
+    def review(group: int, prompt: int) -> dict:
+        turns, new = [], prompt
+        for _ in range(int(rng.integers(2, 5))):
+            tool = lognormal(300, 0.7, 20, 3000)
+            turns.append({"new_tokens": new, "output_tokens": lognormal(400, 0.6, 20, 3000), "tool_output_tokens": tool,
+                          "tool_latency_s": round(float(rng.exponential(0.8)), 3)})
+            new = tool
+        return {"group": group, "family": "review", "turns": turns}
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, make, prompt in (("analyst", analyst, (2500, 0.3, 500, 8000)), ("review", review, (12000, 0.4, 3000, 28000))):
+        lines = []
+        for group in range(128):
+            shared = lognormal(*prompt)
+            lines += [json.dumps(make(group, shared)) for _ in range(8)]
+        (directory / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def splits(overrides: list[str]) -> str:
@@ -128,10 +188,13 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
+    traces = (out / "traces").resolve()
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        sweep(out / name, overrides, args.seeds)
+        if any("{traces}" in o for o in overrides) and not (traces / "review.jsonl").exists():
+            write_traces(traces)
+        sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)
     if rows:
         cols = list(rows[0])

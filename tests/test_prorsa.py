@@ -836,6 +836,27 @@ def test_async_start_samples_the_whole_run_in_groups_with_output_levels(steps, w
     assert bool(policy._sampler(0.0, whole)._levels) is whole
 
 
+@pytest.mark.parametrize("second,hedged", [({"a": 0.5, "b": 0.5}, False), ({"a": 0.1, "b": 0.9}, True)])
+def test_initial_plan_hedges_only_where_the_declared_mix_changes(second, hedged):
+    """Two families, 50:50 in step 0: the start is hedged against each family alone (one hedge per
+    family) when step 1 declares another mix, and not when it declares the same one (a stationary
+    trace, or a schedule of one entry)."""
+    from harness.prorsa.policy import Prorsa
+    run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
+                  step_weights=[{"a": 0.5, "b": 0.5}, second])
+    policy = Prorsa(initial_samples=1, initial_max_samples=1)
+    seen = {}
+
+    def initial(samples, max_in_flight, hedges, more, max_samples, present, to_end):
+        seen["hedges"] = len(hedges)
+        return COLOCATED, {COLOCATED: 1.0}
+    policy.initial = "colocated"
+    policy.initial_roles(cluster_of(HEAVY), run)
+    policy.planner.initial = initial
+    policy._initial_split()
+    assert seen["hedges"] == (2 if hedged else 0)
+
+
 def test_whatif_weight_update_flushes_the_prefix_caches():
     """Async: the trainer updates the weights after every `update_every` completed trajectories, and
     the cluster flushes every prefix cache then. Trajectory 0 ends first (1 s of work); trajectory 1

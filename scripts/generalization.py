@@ -90,18 +90,34 @@ SETTINGS: dict[str, list[str]] = {
     "synth_sglang_async": ["workload=synthetic", "cluster=moe_h200_sglang", "mode=async", "mode.max_in_flight=256",
                            "workload.batch_size=32", "workload.prompt.median=3000",
                            "workload.tool_output.median=1500", "workload.output.median=400"],
+    # Sixth group, chosen before its first run: a retrieval agent's trace (~8k-token documents per
+    # turn, ~150-token answers) on the paper-kind Qwen3-235B cluster and on moe_h200 in async, and a
+    # trace of two families in every step (the retrieval and the analyst agents) with SGLang's steps
+    # and on DeepSeek-V3 with SGLang in async.
+    "rag_qwen235_sync": ["workload=trace", "workload.path={traces}/rag.jsonl", "workload.batch_size=64",
+                         "cluster=qwen235_h200"],
+    "rag_moe_async": ["workload=trace", "workload.path={traces}/rag.jsonl", "workload.batch_size=64",
+                      "cluster=moe_h200", "mode=async", "mode.max_in_flight=256"],
+    "rag_analyst_sglang_sync": ["workload=trace", "workload.path={traces}/rag_analyst.jsonl", "workload.batch_size=64",
+                                "cluster=moe_h200_sglang"],
+    "rag_analyst_deepseek_async": ["workload=trace", "workload.path={traces}/rag_analyst.jsonl",
+                                   "workload.batch_size=64", "cluster=deepseek_v3_h200", "cluster.engine=sglang",
+                                   "mode=async", "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
 
 def write_traces(directory: Path) -> None:
-    """Two agent families as JSONL traces (workloads/trace.py), 128 prompts x 8 samples each, a prompt's
-    samples sharing it; illustrative shapes, not fitted to anything:
+    """Three agent families as JSONL traces (workloads/trace.py), 128 prompts x 8 samples each, a prompt's
+    samples sharing it, and one trace of two of them; illustrative shapes, not fitted to anything:
     - analyst (a data-analysis agent): a 2,500-token task; per turn a short tool call (~60 tokens, 70%)
       or a long analysis (~900 tokens, 30%), then a table of ~2,500 tokens after ~2 s; 2-14 turns
       (1 + geometric(0.15), capped), so values pile up at the cap: multimodal outputs and turn counts;
     - review (a code-review agent): a ~12k-token diff with its files; 2-4 turns of ~400-token answers,
-      ~300-token tool outputs after ~0.8 s (exponential)."""
+      ~300-token tool outputs after ~0.8 s (exponential);
+    - rag (a retrieval agent): a ~600-token question; 2-5 turns of ~150-token answers, each followed by
+      ~8k tokens of retrieved documents after ~0.3 s;
+    - rag_analyst: both of those families in every step, 64 groups of each, alternating."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -126,13 +142,29 @@ def write_traces(directory: Path) -> None:
             new = tool
         return {"group": group, "family": "review", "turns": turns}
 
+    def rag(group: int, prompt: int) -> dict:
+        turns, new = [], prompt
+        for _ in range(int(rng.integers(2, 6))):
+            tool = lognormal(8000, 0.35, 1000, 20000)
+            turns.append({"new_tokens": new, "output_tokens": lognormal(150, 0.5, 10, 1500), "tool_output_tokens": tool,
+                          "tool_latency_s": round(float(0.3 * np.exp(0.5 * rng.standard_normal())), 3)})
+            new = tool
+        return {"group": group, "family": "rag", "turns": turns}
+
     directory.mkdir(parents=True, exist_ok=True)
-    for name, make, prompt in (("analyst", analyst, (2500, 0.3, 500, 8000)), ("review", review, (12000, 0.4, 3000, 28000))):
-        lines = []
+    groups = {}
+    for name, make, prompt in (("analyst", analyst, (2500, 0.3, 500, 8000)), ("review", review, (12000, 0.4, 3000, 28000)),
+                               ("rag", rag, (600, 0.3, 100, 3000))):
+        if name == "rag":
+            rng = np.random.default_rng(7)   # its own stream: added after the first two, which stay as they were
+        groups[name] = []
         for group in range(128):
             shared = lognormal(*prompt)
-            lines += [json.dumps(make(group, shared)) for _ in range(8)]
-        (directory / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+            groups[name].append([make(group, shared) for _ in range(8)])
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for g in groups[name] for t in g))
+    # both families in every step, alternating groups: 64 of each, the analyst's renumbered
+    mixed = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["analyst"][g]] + groups["rag"][g]]
+    (directory / "rag_analyst.jsonl").write_text("".join(json.dumps(t) + "\n" for t in mixed))
 
 
 def splits(overrides: list[str]) -> str:
@@ -192,7 +224,7 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        if any("{traces}" in o for o in overrides) and not (traces / "review.jsonl").exists():
+        if any("{traces}" in o for o in overrides) and not (traces / "rag_analyst.jsonl").exists():
             write_traces(traces)
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)

@@ -174,11 +174,18 @@ def splits(overrides: list[str]) -> str:
 
 
 def sweep(out: Path, overrides: list[str], seeds: str) -> None:
+    """Colocation, Prorsa and every fixed split at each seed. A replayed trace runs the same
+    trajectories at every seed, so there Prorsa's own sampling stream (`policy.seed`) follows the seed:
+    the seeds then differ in Prorsa's draws, as they would not otherwise."""
     # job directories named by the policy and seed only (the setting's directory says the rest)
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides,
-           unnamed(overrides)]
-    for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={splits(overrides)}"]):
-        rc = subprocess.run(cmd + policy, cwd=Path(__file__).parent.parent).returncode
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides]
+    fixed = ["policy=fixed_pd", f"policy.num_prefill={splits(overrides)}"]
+    runs = [["policy=colocate,prorsa"], fixed]
+    if "workload=trace" in overrides:
+        runs = [["policy=colocate"], ["policy=prorsa", "policy.seed=${seed}"], fixed]
+    for policy in runs:
+        named = overrides + [o for o in policy if o.startswith("policy.seed=")]   # named by the seed already
+        rc = subprocess.run(cmd + policy + [unnamed(named)], cwd=Path(__file__).parent.parent).returncode
         if rc != 0:
             log.warning("%s: a job failed (exit %d); the others are kept", out.name, rc)
 

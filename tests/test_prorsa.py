@@ -857,6 +857,32 @@ def test_initial_plan_hedges_only_where_the_declared_mix_changes(second, hedged)
     assert seen["hedges"] == (2 if hedged else 0)
 
 
+@pytest.mark.parametrize("second,planned", [({"a": 0.5, "b": 0.5}, None), ({"a": 0.0, "b": 1.0}, [0.0, 1.0])])
+def test_sync_step_start_is_planned_for_a_declared_mix_change(second, planned):
+    """Between two sync steps, in the split the run started in (no switch in the step): the next step is
+    planned, for its own declared mix, when that mix differs from the one the start was planned for,
+    and starts where the last one did when it is the same."""
+    from harness.api import EngineState
+    from harness.prorsa.policy import Prorsa
+    run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
+                  step_weights=[{"a": 0.5, "b": 0.5}, second])
+    policy = Prorsa()
+    policy.initial = "colocated"
+    cluster = cluster_of(HEAVY)
+    policy.initial_roles(cluster, run)
+    seen = []
+
+    def initial_split(present=None, weights=None):
+        seen.append(weights)
+        return COLOCATED
+    policy._initial_split = initial_split
+    policy.tracker.started = 4   # the first step's four trajectories have started (and ended)
+    view = ClusterView(now=10.0, engines=[EngineState(i, Role.COLOCATED, True, 4, 0, 0, 0, 0, 0, 1_000_000)
+                                          for i in range(cluster.num_engines)])
+    assert policy._plan_step(view) is None           # colocated either way
+    assert seen == ([] if planned is None else [planned])
+
+
 def test_whatif_weight_update_flushes_the_prefix_caches():
     """Async: the trainer updates the weights after every `update_every` completed trajectories, and
     the cluster flushes every prefix cache then. Trajectory 0 ends first (1 s of work); trajectory 1

@@ -60,6 +60,12 @@ def split_name(split: int, n: int) -> str:
     return "colocated" if split == COLOCATED else f"{split}P{n - split}D"
 
 
+def same_mix(a: list[float], b: list[float]) -> bool:
+    """Two task mixes (one share per family) are the same: shares are counts over a batch, so any real
+    difference is far above this tolerance (and a family's 1e-9 stand-in for 0 is below it)."""
+    return all(abs(x - y) < 1e-6 for x, y in zip(a, b))
+
+
 class Prorsa:
     name = "prorsa"
 
@@ -226,10 +232,8 @@ class Prorsa:
         data-analysis agent's (moe_h200_sglang): 6P2D is best for the first (26.9 s), 2P6D for the
         second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s)."""
         current = current_split(view)
-        run = self.run
-        mix = self._step_mix(self.tracker.started // run.trajectories_per_step) if run.step_weights else self.weights
-        same_mix = all(abs(a - b) < 1e-6 for a, b in zip(mix, self._step_split_mix))
-        if not self.switching or current is None or (current == self._step_split and same_mix):
+        mix = self._next_step_mix()
+        if not self.switching or current is None or (current == self._step_split and same_mix(mix, self._step_split_mix)):
             return None
         with nested_runs():
             split = self._initial_split(view, mix)
@@ -327,7 +331,14 @@ class Prorsa:
         if not declared:
             return True
         first = self._step_mix(0)
-        return any(abs(a - b) > 1e-9 for step in range(1, len(declared)) for a, b in zip(self._step_mix(step), first))
+        return not all(same_mix(self._step_mix(step), first) for step in range(1, len(declared)))
+
+    def _next_step_mix(self) -> list[float]:
+        """The declared task mix of the step the next trajectory starts in (the first step's where the
+        run declares none)."""
+        if not self.run.step_weights:
+            return self.weights
+        return self._step_mix(self.tracker.started // self.run.trajectories_per_step)
 
     def _next_step(self, sampler: FutureSampler, rng: np.random.Generator) -> Callable[[], list[FutureTrajectory]] | None:
         """Sync: the next step's batch for the forecast (None in async and after the last step), in GRPO
@@ -336,7 +347,7 @@ class Prorsa:
         run = self.run
         if run.mode != "sync" or self.tracker.started >= run.total_trajectories:
             return None
-        weights = self._step_mix(self.tracker.started // run.trajectories_per_step) if run.step_weights else self.weights
+        weights = self._next_step_mix()
         count = run.trajectories_per_step
         return lambda: sampler.new(self.families, weights, count, -1 - count, rng, run.group_size)
 

@@ -123,33 +123,34 @@ def write_traces(directory: Path) -> None:
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
         return int(np.clip(median * np.exp(sigma * rng.standard_normal()), low, high))
 
-    def analyst(group: int, prompt: int) -> dict:
-        turns, new = [], prompt
-        for _ in range(min(1 + int(rng.geometric(0.15)), 14)):
-            out = lognormal(60, 0.4, 8, 400) if rng.random() < 0.7 else lognormal(900, 0.5, 100, 4000)
-            tool = lognormal(2500, 0.8, 50, 12000)
-            turns.append({"new_tokens": new, "output_tokens": out, "tool_output_tokens": tool,
-                          "tool_latency_s": round(float(2.0 * np.exp(0.6 * rng.standard_normal())), 3)})
+    def chain(group: int, family: str, prompt: int, turns: int, draw) -> dict:
+        """A trajectory of `turns` turns; `draw()` gives a turn's (output, tool output, tool latency),
+        each family drawing them in its own order."""
+        out, new = [], prompt
+        for _ in range(turns):
+            output, tool, latency = draw()
+            out.append({"new_tokens": new, "output_tokens": output, "tool_output_tokens": tool,
+                        "tool_latency_s": round(float(latency), 3)})
             new = tool
-        return {"group": group, "family": "analyst", "turns": turns}
+        return {"group": group, "family": family, "turns": out}
+
+    def analyst(group: int, prompt: int) -> dict:
+        def draw():
+            output = lognormal(60, 0.4, 8, 400) if rng.random() < 0.7 else lognormal(900, 0.5, 100, 4000)
+            return output, lognormal(2500, 0.8, 50, 12000), 2.0 * np.exp(0.6 * rng.standard_normal())
+        return chain(group, "analyst", prompt, min(1 + int(rng.geometric(0.15)), 14), draw)
 
     def review(group: int, prompt: int) -> dict:
-        turns, new = [], prompt
-        for _ in range(int(rng.integers(2, 5))):
+        def draw():
             tool = lognormal(300, 0.7, 20, 3000)
-            turns.append({"new_tokens": new, "output_tokens": lognormal(400, 0.6, 20, 3000), "tool_output_tokens": tool,
-                          "tool_latency_s": round(float(rng.exponential(0.8)), 3)})
-            new = tool
-        return {"group": group, "family": "review", "turns": turns}
+            return lognormal(400, 0.6, 20, 3000), tool, rng.exponential(0.8)
+        return chain(group, "review", prompt, int(rng.integers(2, 5)), draw)
 
     def rag(group: int, prompt: int) -> dict:
-        turns, new = [], prompt
-        for _ in range(int(rng.integers(2, 6))):
+        def draw():
             tool = lognormal(8000, 0.35, 1000, 20000)
-            turns.append({"new_tokens": new, "output_tokens": lognormal(150, 0.5, 10, 1500), "tool_output_tokens": tool,
-                          "tool_latency_s": round(float(0.3 * np.exp(0.5 * rng.standard_normal())), 3)})
-            new = tool
-        return {"group": group, "family": "rag", "turns": turns}
+            return lognormal(150, 0.5, 10, 1500), tool, 0.3 * np.exp(0.5 * rng.standard_normal())
+        return chain(group, "rag", prompt, int(rng.integers(2, 6)), draw)
 
     directory.mkdir(parents=True, exist_ok=True)
     groups = {}

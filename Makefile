@@ -34,3 +34,4 @@ test: $(STAMP)
 
 test-engines: $(ESTAMP)
 	$(EVENV)/bin/python -m pytest -q -m engine tests/test_engines_vllm.py tests/test_engine_faults.py
+	$(EVENV)/bin/python -m pytest -q tests/test_gpu_profile.py

@@ -14,7 +14,13 @@ Definitions (the same as perf.yaml's sources, docs/references.md, section 4):
   attn_mfu       = achieved FLOP/s of causal prefill attention at >= 4096 tokens / peak (median)
   copy_efficiency = bytes (read + written) per second of a large device copy / HBM bandwidth
 Peaks are the catalogue's (configs/catalogue/gpus.yaml, h200: 989 TFLOP/s dense BF16, 4.8 TB/s).
-Only torch and the standard library are used, so it runs on the device image as is.
+
+It also times whole forward passes (Qwen3-8B and Qwen3-32B, one GPU): a prefill of L tokens run
+eagerly, and decode steps of B sequences at C cached tokens as a CUDA graph (as vLLM runs them).
+`--reimply` (on a machine with the harness) sets the roofline's step time for each beside it, with
+perf.yaml's constants: the check of the model as a whole, not of one constant.
+
+Measuring uses only torch and the standard library, so it runs on the device image as is.
 """
 from __future__ import annotations
 
@@ -25,8 +31,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-import torch.nn.functional as F
+try:   # measuring needs torch; --reimply (the roofline beside the measurements) does not
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    torch = F = None
 
 # configs/catalogue/gpus.yaml, h200 (datasheet dense BF16 and HBM3e bandwidth).
 H200_PEAK_FLOPS = 989.0e12
@@ -45,11 +54,20 @@ GEMM_SHAPES = {
 # Attention shapes (heads, kv_heads, head_dim) of the same models.
 ATTN_SHAPES = {"qwen3_8b": (32, 8, 128), "qwen3_30b_a3b": (32, 4, 128)}
 
+# Whole models for the forward-pass steps: (layers, hidden, heads, kv_heads, head_dim, intermediate,
+# vocab) from each config.json (configs/catalogue/models.yaml; qwen3_tiny: harness/engines/model.py).
+STEP_MODELS = {"qwen3_8b": (36, 4096, 32, 8, 128, 12288, 151936),
+               "qwen3_32b": (64, 5120, 64, 8, 128, 25600, 151936),
+               "qwen3_tiny": (4, 256, 4, 2, 64, 512, 4096)}
+
 FULL = dict(tokens=[2 ** i for i in range(15)],            # 1 .. 16384
             prefill_lens=[1024, 4096, 16384],
             decode=[(1, 4096), (32, 4096), (128, 4096), (32, 16384)],   # (batch, context)
-            copy_bytes=4 * 2 ** 30, target_s=0.03)
-SMOKE = dict(tokens=[1, 16, 64], prefill_lens=[64], decode=[(2, 64)], copy_bytes=2 ** 22, target_s=0.002)
+            copy_bytes=4 * 2 ** 30, target_s=0.03,
+            step_models=["qwen3_8b", "qwen3_32b"], step_prefill=[1024, 4096, 16384],
+            step_decode=[(16, 4096), (64, 4096), (256, 1024)])
+SMOKE = dict(tokens=[1, 16, 64], prefill_lens=[64], decode=[(2, 64)], copy_bytes=2 ** 22, target_s=0.002,
+             step_models=["qwen3_tiny"], step_prefill=[64], step_decode=[(2, 64)])
 
 
 @dataclass
@@ -148,6 +166,85 @@ def copy_bw(device, cfg) -> list[Measurement]:
     return [Measurement("copy", "-", "device_copy", n, 0, s, 0.0, 2.0 * n)]
 
 
+def steps(device, dtype, cfg) -> list[Measurement]:
+    """Whole forward passes: RMSNorm, QKV, attention (SDPA, GQA), O, RMSNorm, gate+up, SiLU, down per
+    layer, and the LM head (a prefill's last token, every decode token); rotary embeddings left out
+    (elementwise, small). One layer's weights and KV serve every layer: each is larger than the L2
+    cache at the full shapes, so the HBM traffic is the real model's."""
+    out = []
+    for model in cfg["step_models"]:
+        layers, h, nh, nkv, d, inter, vocab = STEP_MODELS[model]
+        w = {name: torch.randn(k, n, device=device, dtype=dtype) / k ** 0.5 for name, (k, n) in {
+            "qkv": (h, (nh + 2 * nkv) * d), "o": (nh * d, h), "gu": (h, 2 * inter), "down": (inter, h),
+            "head": (h, vocab)}.items()}
+
+        def forward(x, attend, last_only):
+            for _ in range(layers):
+                q, k, v = (F.rms_norm(x, (h,)) @ w["qkv"]).split([nh * d, nkv * d, nkv * d], dim=-1)
+                x = x + attend(q, k, v) @ w["o"]
+                g, u = (F.rms_norm(x, (h,)) @ w["gu"]).chunk(2, dim=-1)
+                x = x + (F.silu(g) * u) @ w["down"]
+            return F.rms_norm(x[-1:] if last_only else x, (h,)) @ w["head"]
+
+        for n in cfg["step_prefill"]:
+            x = torch.randn(n, h, device=device, dtype=dtype)
+
+            def causal(q, k, v, n=n):
+                q, k, v = (t.view(n, -1, d).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return a.squeeze(0).transpose(0, 1).reshape(n, nh * d)
+            s = timed(lambda: forward(x, causal, True), device, cfg["target_s"])
+            out.append(Measurement("step_prefill", model, "forward_eager", n, 0, s, 0.0, 0.0))
+        for b, c in cfg["step_decode"]:
+            x = torch.randn(b, h, device=device, dtype=dtype)
+            kc, vc = torch.randn(b, nkv, c, d, device=device, dtype=dtype), torch.randn(b, nkv, c, d, device=device, dtype=dtype)
+
+            def cached(q, k, v, b=b, kc=kc, vc=vc):   # the new token's own K, V left out: 1 of c
+                return F.scaled_dot_product_attention(q.view(b, nh, 1, d), kc, vc, enable_gqa=True).reshape(b, nh * d)
+            fn, name = (lambda: forward(x, cached, False)), "forward_eager"
+            if device.type == "cuda":
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        fn()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                fn, name = graph.replay, "forward_graph"
+            s = timed(fn, device, cfg["target_s"])
+            out.append(Measurement("step_decode", model, name, b, c, s, 0.0, 0.0))
+            del kc, vc
+        del w
+    return out
+
+
+def roofline_steps(ms: list[Measurement], gpu: str) -> list[dict]:
+    """The roofline's step time (harness/perf/roofline.py, perf.yaml's constants, tp=1) for each
+    measured forward pass: the whole step, and its kernels alone (without the fixed per-step and
+    per-request overheads, which are the engine's CPU work a bare forward pass does not have)."""
+    from harness.perf.catalogue import lookup, perf_defaults
+    from harness.perf.cost_model import prefill_attn_ctx
+    from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
+
+    rows = []
+    for m in ms:
+        if not m.kind.startswith("step_"):
+            continue
+        roof = RooflineCostModel(lookup("model", m.model, "model"), lookup("gpu", gpu, "--gpu"),
+                                 PerfConstants(**perf_defaults()), Parallelism())
+        if m.kind == "step_prefill":
+            rb, graph = RankBatch(prefill_tokens=m.m, prefill_attn_ctx=prefill_attn_ctx(m.m, 0),
+                                  prefill_kv_read=m.m, requests=1), False
+        else:
+            rb, graph = RankBatch(decode_seqs=m.m, decode_ctx=m.m * m.ctx, requests=m.m), m.name == "forward_graph"
+        step, kernels = roof.step_time([rb], graph=graph), roof.rank_time(rb)
+        rows.append({"kind": m.kind, "model": m.model, "m": m.m, "ctx": m.ctx, "measured_s": m.seconds,
+                     "roofline_s": step, "roofline_kernels_s": kernels, "roofline_over_measured": step / m.seconds})
+    return rows
+
+
 def implied_by_model(ms: list[Measurement], peak: float, hbm: float) -> dict[str, dict[str, float]]:
     """Per model, weighted as the roofline sees a layer (all its GEMMs as one): mem_efficiency = all
     dense weight bytes / the summed time of its GEMMs at each token count <= 128 (median over counts);
@@ -192,6 +289,7 @@ def main() -> None:
     ap.add_argument("--reimply", help="recompute the implied constants of an existing JSON (no measuring)")
     ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
+    ap.add_argument("--gpu", default="h200", help="the catalogue GPU the roofline steps are computed for (--reimply)")
     args = ap.parse_args()
     if args.reimply:
         with open(args.reimply) as f:
@@ -199,10 +297,17 @@ def main() -> None:
         ms = [Measurement(**{k: v for k, v in r.items() if k not in ("tflops", "gbps")}) for r in old["measurements"]]
         old["implied"] = implied(ms, old["peak_flops"], old["hbm_bw"])
         old["implied_by_model"] = implied_by_model(ms, old["peak_flops"], old["hbm_bw"])
+        old["roofline_steps"] = roofline_steps(ms, args.gpu)
         with open(args.out, "w") as f:
             json.dump(old, f, indent=1)
         print(json.dumps({"implied": old["implied"], "implied_by_model": old["implied_by_model"]}, indent=1))
+        for r in old["roofline_steps"]:
+            print(f"{r['kind']:12s} {r['model']:10s} m={r['m']:6d} ctx={r['ctx']:6d} measured "
+                  f"{r['measured_s'] * 1e3:9.2f} ms  roofline {r['roofline_s'] * 1e3:9.2f} ms  "
+                  f"({r['roofline_over_measured']:.3f})")
         return
+    if torch is None:
+        raise SystemExit("measuring needs torch (the engine environment has it: make test-engines)")
     cfg = SMOKE if args.smoke else FULL
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -212,6 +317,8 @@ def main() -> None:
     ms += attention(device, dtype, cfg)
     print(f"attention done {time.perf_counter() - t0:.1f}s", flush=True)
     ms += copy_bw(device, cfg)
+    ms += steps(device, dtype, cfg)
+    print(f"steps done {time.perf_counter() - t0:.1f}s", flush=True)
     result = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."), "smoke": args.smoke,

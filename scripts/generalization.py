@@ -103,6 +103,21 @@ SETTINGS: dict[str, list[str]] = {
     "rag_analyst_deepseek_async": ["workload=trace", "workload.path={traces}/rag_analyst.jsonl",
                                    "workload.batch_size=64", "cluster=deepseek_v3_h200", "cluster.engine=sglang",
                                    "mode=async", "mode.max_in_flight=256"],
+    # Seventh group, chosen before its first run: code generation (long answers, short test output)
+    # on dense TP4 engines; a shopping-style agent of ~20 short actions on 1.5k-token pages on the
+    # paper-kind Qwen3-235B cluster with SGLang's steps; the reasoning -> long-search curriculum on the
+    # same cluster in async; browsing on four DeepSeek-V3 engines in async.
+    "synth_code_dense32_sync": ["workload=synthetic", "cluster=dense_h100", "workload.batch_size=32",
+                                "workload.output.median=2500", "workload.tool_output.median=300",
+                                "workload.turns.0.median=4"],
+    "synth_webshop_qwen235_sglang_sync": ["workload=synthetic", "cluster=qwen235_h200", "cluster.engine=sglang",
+                                          "workload.batch_size=32", "workload.max_turns=30",
+                                          "workload.turns.0.median=20", "workload.output.median=40",
+                                          "workload.tool_output.median=1500", "workload.tool_latency.0.median=0.3"],
+    "mix_reason_search_long_qwen235_async": ["workload=mix_reason_search_long", "cluster=qwen235_h200",
+                                             "mode=async", "mode.max_in_flight=256"],
+    "browse_deepseek4_async": ["workload=browse", "cluster=deepseek_v3_h200", "cluster.num_engines=4",
+                               "mode=async", "mode.max_in_flight=128"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 

@@ -36,9 +36,11 @@ GRIDS = {   # new tokens per turn, output tokens per turn, DP sizes, semantics, 
     "full": ([100, 1000, 4000, 16000], [50, 500, 2000, 8000], [1, 4, 8, 16], ["vllm", "sglang"], ["sync", "async"]),
     "coarse": ([100, 1000, 4000, 16000], [50, 500, 8000], [1, 4, 8, 16], ["vllm", "sglang"], ["sync"]),
     # async on vLLM semantics alone, without DP16 and 8,000-token answers, to fit an hour here: in sync
-    # the semantics differ by under 5% per cell, on DP16 Prorsa equals the better of its two
-    # allocations in all 24 cells, and an async Prorsa run with 8,000-token answers takes ~25 minutes
+    # the semantics differ by under 5% per cell, and an async Prorsa run with 8,000-token answers takes
+    # ~25 minutes; DP16 is a grid of its own (below)
     "async": ([100, 1000, 4000, 16000], [50, 500], [1, 4, 8], ["vllm"], ["async"]),
+    # the async map's DP16 row (two engines: colocation, 1P1D and Prorsa per cell)
+    "async_dp16": ([100, 1000, 4000, 16000], [50, 500], [16], ["vllm"], ["async"]),
     "smoke": ([1000], [50], [4], ["vllm"], ["sync"]),
 }
 GPUS = 32

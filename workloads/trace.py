@@ -129,7 +129,8 @@ def read_trace(path: str | Path) -> list[list[TrajectoryScript]]:
     """Every group of the file, in order of first appearance; raises TraceError on the first bad line."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
+        raise TraceError(f"{path}: no such trace file (looked for {path.resolve()}; a relative path is "
+                         "taken from the directory run.py is started in)")
     groups: dict[int | str, list[TrajectoryScript]] = {}
     first_line: dict[int | str, str] = {}
     for where, obj in json_lines(path):

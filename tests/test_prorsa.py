@@ -349,6 +349,19 @@ def test_initial_plan_hedges_against_another_mix():
     assert planner.initial([one_new("a")], 8, hedges=[one_new("a"), one_new("b")])[0] == 2
 
 
+def test_initial_plan_takes_colocation_within_the_tolerance():
+    """A split ahead of colocation by less than INITIAL_TOLERANCE (1%) is as good: the start is
+    colocated; ahead by more, the split."""
+    def start(colocated: float) -> int:
+        table = {"a": {COLOCATED: colocated, 1: 100.0, 2: 103.0, 3: 110.0}}
+        planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True,
+                          max_candidates=8, mode="async")
+        return planner.initial([one_new("a")], 8)[0]
+    assert start(100.9) == COLOCATED
+    assert start(101.1) == 1
+    assert start(99.0) == COLOCATED
+
+
 def test_switcher_moves_the_cheapest_engines_to_drain():
     P, D, C = Role.PREFILL, Role.DECODE, Role.COLOCATED
     view = engines([P, D, D, D], decoding=[0, 9, 2, 5])

@@ -8,7 +8,9 @@ rates. For a set of trajectories released together it is the larger of
     the prefill in one step, the decode at batch 1, plus its tool latencies; and
   - the work bound: all prefill tokens at the best per-engine prefill rate, or all decode tokens at
     the best per-engine decode rate (a full batch at zero context), spread over every engine.
-sync: the sum of that bound over the RL steps; async: the bound over all trajectories at once.
+sync: the sum of that bound over the RL steps; async: the bound over all trajectories at once, and
+at least the slot bound: a trajectory holds one of the `max_in_flight` slots from its start to its
+end, at least its critical path, so the run takes at least the summed critical paths / max_in_flight.
 """
 from __future__ import annotations
 
@@ -71,20 +73,25 @@ class LowerBound:
                 t += turn.tool_latency_s
         return t
 
-    def bound(self, scripts: list[TrajectoryScript]) -> float:
+    def bound(self, scripts: list[TrajectoryScript], max_in_flight: int = 0) -> float:
+        """The larger of the work bound and the critical path; with `max_in_flight` (async), also the
+        slot bound (the module's docstring)."""
         if not scripts:
             return 0.0
         prefill = sum(t.new_tokens for s in scripts for t in s.turns)
         decode = sum(t.output_tokens for s in scripts for t in s.turns)
         n = self.cluster.num_engines
         work = max(prefill / (n * self.prefill_rate), decode / (n * self.decode_rate))
-        return max(work, max(self.critical_path(s) for s in scripts))
+        paths = [self.critical_path(s) for s in scripts]
+        slots = sum(paths) / max_in_flight if max_in_flight else 0.0
+        return max(work, max(paths), slots)
 
 
-def lower_bound_s(cluster: ClusterConfig, scripts: list[TrajectoryScript], mode: str) -> float:
+def lower_bound_s(cluster: ClusterConfig, scripts: list[TrajectoryScript], mode: str, max_in_flight: int = 0) -> float:
+    """`max_in_flight`: the async cap on trajectories in flight (0: no slot bound)."""
     lb = LowerBound(cluster)
     if mode == "async":
-        return lb.bound(scripts)
+        return lb.bound(scripts, max_in_flight)
     steps: dict[int, list[TrajectoryScript]] = {}
     for s in scripts:
         steps.setdefault(s.step, []).append(s)

@@ -115,5 +115,21 @@ def test_no_run_beats_the_lower_bound(small, extra):
     from tests.conftest import cluster_of
     overrides = small + extra
     result, _, _ = simulate(overrides)
-    bound = lower_bound_s(cluster_of(overrides), result.scripts, "async" if "mode=async" in extra else "sync")
+    in_flight = 8 if "mode=async" in extra else 0
+    bound = lower_bound_s(cluster_of(overrides), result.scripts, "async" if in_flight else "sync", in_flight)
     assert 0 < bound <= result.rollout_time_s * (1 + 1e-9)
+
+
+def test_async_bound_counts_the_in_flight_slots(small):
+    """One trajectory in flight at a time: the run is at least the sum of the trajectories' critical
+    paths (each runs alone); with every trajectory in flight, the slot bound adds nothing."""
+    from harness.metrics import LowerBound, lower_bound_s
+    from tests.conftest import cluster_of
+    overrides = small + ["policy=colocate", "mode=async", "mode.max_in_flight=1"]
+    result, _, _ = simulate(overrides)
+    cluster = cluster_of(overrides)
+    paths = [LowerBound(cluster).critical_path(s) for s in result.scripts]
+    bound = lower_bound_s(cluster, result.scripts, "async", 1)
+    assert bound >= sum(paths) * (1 - 1e-12) and bound <= result.rollout_time_s * (1 + 1e-9)
+    assert lower_bound_s(cluster, result.scripts, "async", len(result.scripts)) == \
+        lower_bound_s(cluster, result.scripts, "async")

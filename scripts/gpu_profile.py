@@ -56,18 +56,22 @@ ATTN_SHAPES = {"qwen3_8b": (32, 8, 128), "qwen3_30b_a3b": (32, 4, 128)}
 
 # Whole models for the forward-pass steps: (layers, hidden, heads, kv_heads, head_dim, intermediate,
 # vocab) from each config.json (configs/catalogue/models.yaml; qwen3_tiny: harness/engines/model.py).
+# MoE models: (experts, top_k, expert intermediate) of each MoE layer, whose MLP is the experts'.
 STEP_MODELS = {"qwen3_8b": (36, 4096, 32, 8, 128, 12288, 151936),
                "qwen3_32b": (64, 5120, 64, 8, 128, 25600, 151936),
-               "qwen3_tiny": (4, 256, 4, 2, 64, 512, 4096)}
+               "qwen3_30b_a3b": (48, 2048, 32, 4, 128, 0, 151936),
+               "qwen3_tiny": (4, 256, 4, 2, 64, 512, 4096),
+               "tiny_moe": (2, 256, 4, 2, 64, 0, 4096)}   # the smoke run's MoE (no catalogue entry)
+STEP_MOE = {"qwen3_30b_a3b": (128, 8, 768), "tiny_moe": (8, 2, 128)}
 
 FULL = dict(tokens=[2 ** i for i in range(15)],            # 1 .. 16384
             prefill_lens=[1024, 4096, 16384],
             decode=[(1, 4096), (32, 4096), (128, 4096), (32, 16384)],   # (batch, context)
             copy_bytes=4 * 2 ** 30, target_s=0.03,
-            step_models=["qwen3_8b", "qwen3_32b"], step_prefill=[1024, 4096, 16384],
+            step_models=["qwen3_8b", "qwen3_32b", "qwen3_30b_a3b"], step_prefill=[1024, 4096, 16384],
             step_decode=[(16, 4096), (64, 4096), (256, 1024)])
 SMOKE = dict(tokens=[1, 16, 64], prefill_lens=[64], decode=[(2, 64)], copy_bytes=2 ** 22, target_s=0.002,
-             step_models=["qwen3_tiny"], step_prefill=[64], step_decode=[(2, 64)])
+             step_models=["qwen3_tiny", "tiny_moe"], step_prefill=[64], step_decode=[(2, 64)])
 
 
 @dataclass
@@ -170,20 +174,51 @@ def steps(device, dtype, cfg) -> list[Measurement]:
     """Whole forward passes: RMSNorm, QKV, attention (SDPA, GQA), O, RMSNorm, gate+up, SiLU, down per
     layer, and the LM head (a prefill's last token, every decode token); rotary embeddings left out
     (elementwise, small). One layer's weights and KV serve every layer: each is larger than the L2
-    cache at the full shapes, so the HBM traffic is the real model's."""
+    cache at the full shapes, so the HBM traffic is the real model's.
+
+    An MoE layer (STEP_MOE) runs its router GEMM and then the experts as a padded grouped GEMM: each
+    token's top-k experts drawn at random, once, outside the timed pass (a batched routing), the tokens
+    gathered per expert into [experts, most tokens of any expert, hidden], two batched matmuls and
+    SiLU, and the results added back per token. That is torch's bmm, not vLLM's fused MoE kernel;
+    every expert's weights are read (at >= 64 tokens with top-8 of 128, all experts are touched anyway)."""
     out = []
     for model in cfg["step_models"]:
         layers, h, nh, nkv, d, inter, vocab = STEP_MODELS[model]
         w = {name: torch.randn(k, n, device=device, dtype=dtype) / k ** 0.5 for name, (k, n) in {
             "qkv": (h, (nh + 2 * nkv) * d), "o": (nh * d, h), "gu": (h, 2 * inter), "down": (inter, h),
-            "head": (h, vocab)}.items()}
+            "head": (h, vocab)}.items() if k and n}
+        moe = STEP_MOE.get(model)
+        if moe:
+            experts, top_k, einter = moe
+            w["router"] = torch.randn(h, experts, device=device, dtype=dtype) / h ** 0.5
+            w["egu"] = torch.randn(experts, h, 2 * einter, device=device, dtype=dtype) / h ** 0.5
+            w["edown"] = torch.randn(experts, einter, h, device=device, dtype=dtype) / einter ** 0.5
 
-        def forward(x, attend, last_only):
+        def routing(tokens: int):
+            """[experts, cap] token indices (padding: `tokens`, a zero row) of a random top-k routing."""
+            picks = torch.rand(tokens, experts).argsort(dim=1)[:, :top_k]
+            per = [[] for _ in range(experts)]
+            for t, row in enumerate(picks.tolist()):
+                for e in row:
+                    per[e].append(t)
+            cap = max(len(p) for p in per)
+            return torch.tensor([p + [tokens] * (cap - len(p)) for p in per], device=device)
+
+        def mlp(y, idx):
+            if not moe:
+                g, u = (y @ w["gu"]).chunk(2, dim=-1)
+                return (F.silu(g) * u) @ w["down"]
+            y @ w["router"]   # the router's GEMM (its top-k is the fixed routing `idx`)
+            padded = torch.cat([y, y.new_zeros(1, h)])
+            g, u = torch.bmm(padded[idx], w["egu"]).chunk(2, dim=-1)
+            e = torch.bmm(F.silu(g) * u, w["edown"])
+            return padded.new_zeros(padded.shape).index_add_(0, idx.flatten(), e.flatten(0, 1))[:-1]
+
+        def forward(x, attend, last_only, idx=None):
             for _ in range(layers):
                 q, k, v = (F.rms_norm(x, (h,)) @ w["qkv"]).split([nh * d, nkv * d, nkv * d], dim=-1)
                 x = x + attend(q, k, v) @ w["o"]
-                g, u = (F.rms_norm(x, (h,)) @ w["gu"]).chunk(2, dim=-1)
-                x = x + (F.silu(g) * u) @ w["down"]
+                x = x + mlp(F.rms_norm(x, (h,)), idx)
             return F.rms_norm(x[-1:] if last_only else x, (h,)) @ w["head"]
 
         for n in cfg["step_prefill"]:
@@ -193,7 +228,8 @@ def steps(device, dtype, cfg) -> list[Measurement]:
                 q, k, v = (t.view(n, -1, d).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
                 return a.squeeze(0).transpose(0, 1).reshape(n, nh * d)
-            s = timed(lambda: forward(x, causal, True), device, cfg["target_s"])
+            idx = routing(n) if moe else None
+            s = timed(lambda: forward(x, causal, True, idx), device, cfg["target_s"])
             out.append(Measurement("step_prefill", model, "forward_eager", n, 0, s, 0.0, 0.0))
         for b, c in cfg["step_decode"]:
             x = torch.randn(b, h, device=device, dtype=dtype)
@@ -201,7 +237,8 @@ def steps(device, dtype, cfg) -> list[Measurement]:
 
             def cached(q, k, v, b=b, kc=kc, vc=vc):   # the new token's own K, V left out: 1 of c
                 return F.scaled_dot_product_attention(q.view(b, nh, 1, d), kc, vc, enable_gqa=True).reshape(b, nh * d)
-            fn, name = (lambda: forward(x, cached, False)), "forward_eager"
+            idx = routing(b) if moe else None
+            fn, name = (lambda: forward(x, cached, False, idx)), "forward_eager"
             if device.type == "cuda":
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -224,14 +261,14 @@ def roofline_steps(ms: list[Measurement], gpu: str) -> list[dict]:
     """The roofline's step time (harness/perf/roofline.py, perf.yaml's constants, tp=1) for each
     measured forward pass: the whole step, and its kernels alone (without the fixed per-step and
     per-request overheads, which are the engine's CPU work a bare forward pass does not have)."""
-    from harness.perf.catalogue import lookup, perf_defaults
+    from harness.perf.catalogue import lookup, model_catalogue, perf_defaults
     from harness.perf.cost_model import prefill_attn_ctx
     from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
 
     rows = []
     for m in ms:
-        if not m.kind.startswith("step_"):
-            continue
+        if not m.kind.startswith("step_") or m.model not in model_catalogue():
+            continue   # (the smoke run's tiny MoE has no catalogue entry)
         roof = RooflineCostModel(lookup("model", m.model, "model"), lookup("gpu", gpu, "--gpu"),
                                  PerfConstants(**perf_defaults()), Parallelism())
         if m.kind == "step_prefill":

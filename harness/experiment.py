@@ -292,7 +292,7 @@ def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
 def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResult, df: pd.DataFrame, backend,
               wall_s: float, policy_name: str, workload_name: str) -> dict:
     done = int(df.groupby("trajectory_id")["t_decode_end"].apply(lambda s: s.notna().all()).sum()) if len(df) else 0
-    lb = lower_bound_s(cluster, result.scripts, mode.name, mode.max_in_flight if mode.name == "async" else 0)
+    lb = lower_bound_s(cluster, result.scripts, mode.name, mode.max_in_flight)   # the cap applies in async only
     summary = {
         "policy": policy_name, "workload": workload_name, "mode": mode.name,
         "backend": str(cfg.backend.name), "cluster": cluster.name, "seed": int(cfg.seed),

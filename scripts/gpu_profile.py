@@ -15,8 +15,9 @@ Definitions (the same as perf.yaml's sources, docs/references.md, section 4):
   copy_efficiency = bytes (read + written) per second of a large device copy / HBM bandwidth
 Peaks are the catalogue's (configs/catalogue/gpus.yaml, h200: 989 TFLOP/s dense BF16, 4.8 TB/s).
 
-It also times whole forward passes (Qwen3-8B and Qwen3-32B, one GPU): a prefill of L tokens run
-eagerly, and decode steps of B sequences at C cached tokens as a CUDA graph (as vLLM runs them).
+It also times whole forward passes (Qwen3-8B, Qwen3-32B and the MoE Qwen3-30B-A3B, one GPU): a
+prefill of L tokens run eagerly, and decode steps of B sequences at C cached tokens as a CUDA graph
+(as vLLM runs them).
 `--reimply` (on a machine with the harness) sets the roofline's step time for each beside it, with
 perf.yaml's constants: the check of the model as a whole, not of one constant.
 
@@ -265,12 +266,15 @@ def roofline_steps(ms: list[Measurement], gpu: str) -> list[dict]:
     from harness.perf.cost_model import prefill_attn_ctx
     from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
 
+    spec, perf = lookup("gpu", gpu, "--gpu"), PerfConstants(**perf_defaults())
+    roofs: dict[str, RooflineCostModel] = {}
     rows = []
     for m in ms:
         if not m.kind.startswith("step_") or m.model not in model_catalogue():
             continue   # (the smoke run's tiny MoE has no catalogue entry)
-        roof = RooflineCostModel(lookup("model", m.model, "model"), lookup("gpu", gpu, "--gpu"),
-                                 PerfConstants(**perf_defaults()), Parallelism())
+        if m.model not in roofs:
+            roofs[m.model] = RooflineCostModel(lookup("model", m.model, "model"), spec, perf, Parallelism())
+        roof = roofs[m.model]
         if m.kind == "step_prefill":
             rb, graph = RankBatch(prefill_tokens=m.m, prefill_attn_ctx=prefill_attn_ctx(m.m, 0),
                                   prefill_kv_read=m.m, requests=1), False

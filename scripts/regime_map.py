@@ -5,7 +5,7 @@ engines) and Prorsa; the speedup over colocation of the best split and of Prorsa
 allocation could gain by the lower bound (colocation's rollout time / lower_bound_s; a cell where it
 is under 1.05 is marked: no allocation can gain 5% there).
 
-    python scripts/regime_map.py [OUT] [--grid coarse|async|full|smoke] [--ray] [--table-only]
+    python scripts/regime_map.py [OUT] [--grid coarse|async|async_dp16|async_long|full|smoke] [--ray] [--table-only]
 
 Each cell is one Hydra multirun (a rerun skips complete jobs); `--ray` runs a cell's jobs on Ray
 (`hydra/launcher=ray`). Writes OUT/regime_map.csv and OUT/regime_map_{sync,async}.{png,pdf}: one
@@ -41,6 +41,9 @@ GRIDS = {   # new tokens per turn, output tokens per turn, DP sizes, semantics, 
     "async": ([100, 1000, 4000, 16000], [50, 500], [1, 4, 8], ["vllm"], ["async"]),
     # the async map's DP16 row (two engines: colocation, 1P1D and Prorsa per cell)
     "async_dp16": ([100, 1000, 4000, 16000], [50, 500], [16], ["vllm"], ["async"]),
+    # the async map's 8,000-token answers on the preset's DP4 (largest new tokens first: a Prorsa run
+    # takes ~25 minutes here, so the cells where PD may pay come first)
+    "async_long": ([16000, 4000, 1000, 100], [8000], [4], ["vllm"], ["async"]),
     "smoke": ([1000], [50], [4], ["vllm"], ["sync"]),
 }
 GPUS = 32

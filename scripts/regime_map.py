@@ -5,7 +5,10 @@ engines) and Prorsa; the speedup over colocation of the best split and of Prorsa
 allocation could gain by the lower bound (colocation's rollout time / lower_bound_s; a cell where it
 is under 1.05 is marked: no allocation can gain 5% there).
 
-    python scripts/regime_map.py [OUT] [--grid coarse|async|async_dp16|async_long|full|smoke] [--ray] [--table-only]
+    python scripts/regime_map.py [OUT] [--grid GRID [GRID ...]] [--ray] [--table-only]
+
+GRID: coarse (default), async, async_dp16, async_long, full, smoke; several grids make one map of
+their cells (`--grid async async_dp16 async_long`: the whole async map, one CSV and one figure).
 
 Each cell is one Hydra multirun (a rerun skips complete jobs); `--ray` runs a cell's jobs on Ray
 (`hydra/launcher=ray`). Writes OUT/regime_map.csv and OUT/regime_map_{sync,async}.{png,pdf}: one
@@ -77,10 +80,15 @@ def splits(engines: int) -> list[int]:
     return sorted({max(1, min(engines - 1, round(engines * f))) for f in (0.25, 0.5, 0.75)})
 
 
-def cells(grid: str):
-    new, out, dps, engines, modes = GRIDS[grid]
-    for n, o, dp, sem, mode in product(new, out, dps, engines, modes):
-        yield {"new_tokens": n, "output_tokens": o, "dp": dp, "engine": sem, "mode": mode}
+def cells(*grids: str):
+    """The cells of the grids, in order, each once."""
+    seen = set()
+    for grid in grids:
+        new, out, dps, engines, modes = GRIDS[grid]
+        for n, o, dp, sem, mode in product(new, out, dps, engines, modes):
+            if (n, o, dp, sem, mode) not in seen:
+                seen.add((n, o, dp, sem, mode))
+                yield {"new_tokens": n, "output_tokens": o, "dp": dp, "engine": sem, "mode": mode}
 
 
 def cell_name(c: dict) -> str:
@@ -174,14 +182,14 @@ def figures(df, out: Path) -> list[Path]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default="results/regime_map")
-    ap.add_argument("--grid", choices=list(GRIDS), default="coarse")
+    ap.add_argument("--grid", choices=list(GRIDS), nargs="+", default=["coarse"])
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    grid = list(cells(args.grid))
+    grid = list(cells(*args.grid))
     if not args.table_only:
         for c in grid:
             run_cell(out, c, args.ray)

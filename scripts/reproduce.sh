@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Runs every experiment of REPRODUCE.md on the simulator and writes the reference tables and figures.
 #   bash scripts/reproduce.sh [OUT]      (OUT defaults to results/reproduce)
+#   RAY=1 bash scripts/reproduce.sh       each sweep's jobs in parallel on a local Ray, one per core
+#                                         (the same numbers: every job is its own seeded process)
 # Each block is one Hydra multirun; rerunning skips the jobs already complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-results/reproduce}
 PY=${PYTHON:-.venv/bin/python}
 POLICIES=colocate,prorsa,reactive_pd,ppd,oracle_pd
-sweep() { "$PY" run.py -m hydra.sweep.dir="$OUT/$1" "${@:2}"; }
+LAUNCH=(); MAP=()
+if [ "${RAY:-0}" = 1 ]; then
+  LAUNCH=(hydra/launcher=ray +hydra.launcher.ray.init.include_dashboard=false); MAP=(--ray)
+fi
+sweep() { "$PY" run.py -m hydra.sweep.dir="$OUT/$1" "${@:2}" "${LAUNCH[@]}"; }
 
 for exp in search swe tooluse; do
   for mode in sync async; do
@@ -84,9 +90,10 @@ sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_brow
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 "$PY" scripts/pd_benefits.py "$OUT" > "$OUT/report/pd_benefits.md"
-# Section 6, the regime map (96 sync cells, 24 async; writes its CSV and heatmaps in OUT/regime_map and
-# OUT/regime_map_async), and section 4's
+# Section 6, the regime map (96 sync cells; 36 async: DP1-8 with 50- and 500-token answers, DP16, and
+# 8,000-token answers on DP4; writes its CSV and heatmaps in OUT/regime_map and OUT/regime_map_async),
+# and section 4's
 # performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
-"$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse
-"$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async   # 24 async cells
+"$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
+"$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
 "$PY" scripts/whatif_accuracy.py

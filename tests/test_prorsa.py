@@ -742,6 +742,21 @@ def test_still_open_known_answers():
     assert not still_open({0: [100, 100, 100], 1: [94, 111, 128]}, 0.05)   # mean 111: > 5% behind
 
 
+def test_still_open_uses_student_t_for_few_samples():
+    """Six paired samples (search at 4 prompts per step, moe_h200_sglang, the plan's own draws: 3P5D
+    then colocation): differences with mean 0.0333 s and standard error 0.0292 s against a tolerance of
+    1% of 2.5403 s. Two standard errors put the lower end at -0.0251 s, above -0.0254 s (closed, 3P5D
+    taken; it is 3.6% behind over 120 samples); Student's t with 5 degrees of freedom (2.571) at
+    -0.0418 s: still open."""
+    from harness.prorsa.planner import still_open
+    from harness.stats import t975
+    assert t975(5) == 2.571 and t975(1) == 12.706 and t975(30) == 2.042 and t975(31) == 1.960
+    per = {3: [4.233, 1.751, 2.014, 2.55, 2.166, 2.528], 0: [4.316, 1.657, 2.015, 2.64, 2.251, 2.563]}
+    assert still_open(per, 0.05)
+    d = np.subtract(per[0], per[3])
+    assert d.mean() - 2 * d.std(ddof=1) / np.sqrt(6) > -0.01 * np.mean(per[3])   # two standard errors: closed
+
+
 def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_check():
     """A plan that wants a switch is made only when the previous `confirm_plans - 1` plans wanted the
     same target; a plan that wants to stay (or another target) starts the count again, and so does a

@@ -163,24 +163,26 @@ def test_queue_order_follows_route_priority(priorities, order):
 
 
 class SplitBetweenSteps:
-    """Test policy: colocated, never ticked; asked between the two sync steps, it splits 1P1D."""
+    """Test policy: in `initial` roles (colocated on two engines by default), never ticked; asked between
+    the two sync steps, it asks for `switch` (1P1D by default)."""
 
     name = "split_between_steps"
     control_interval_s = None
 
-    def __init__(self):
+    def __init__(self, initial=(Role.COLOCATED, Role.COLOCATED), switch=None):
         from harness.routing import PrefixTracker
         self.prefix, self.calls = PrefixTracker(), []
+        self.initial, self.switch = list(initial), switch or {0: Role.PREFILL, 1: Role.DECODE}
 
     def initial_roles(self, cluster, run):
-        return [Role.COLOCATED] * cluster.num_engines
+        return list(self.initial)
 
     def observe(self, event):
         self.prefix.observe(event)
 
     def plan(self, view):
         self.calls.append((view.now, [e.running_requests + e.waiting_requests for e in view.engines]))
-        return {0: Role.PREFILL, 1: Role.DECODE}
+        return dict(self.switch) if view.now > 0 else None
 
     def route(self, request, view):
         from harness.routing import route_by_role
@@ -196,8 +198,8 @@ def test_sync_step_boundary_plan_sets_the_roles_the_next_step_starts_in(small):
     result, df, backend = simulate(small + ["cluster.num_engines=2"], policy=policy)
     check_invariants(result, df)
     (first_end, second_end) = (b for _, b in result.step_windows)
-    # asked once, between the steps, with nothing running or queued anywhere
-    assert policy.calls == [(pytest.approx(first_end), [0, 0])]
+    # asked before each step's batch, with nothing running or queued anywhere
+    assert policy.calls == [(0.0, [0, 0]), (pytest.approx(first_end), [0, 0])]
     one, two = df[df.step == 0], df[df.step == 1]
     assert (one.engine_prefill == one.engine_decode).all()                    # colocated
     assert ((two.engine_prefill == 0) & (two.engine_decode == 1)).all()       # every turn split 1P1D
@@ -205,6 +207,26 @@ def test_sync_step_boundary_plan_sets_the_roles_the_next_step_starts_in(small):
     # drain at once) counted in the step's window
     assert two.t_prefill_start.min() == pytest.approx(first_end + 6.0)
     assert result.step_windows[1][0] == pytest.approx(first_end)
+
+
+def test_sync_step_starts_after_its_router_update_and_spreads_over_the_new_prefill_engine(small):
+    """kv_both, 1P2D; between the steps decode engine 1 becomes a prefill engine (a router update, 0 s).
+    Step 1's batch starts once the switch is done, so its 24 first turns spread over both prefill
+    engines (least queued prefill tokens) instead of all going to engine 0, the one prefill engine
+    while engine 1 switched, and staying there (sticky prefixes)."""
+    from tests.test_sim_invariants import check_invariants
+    policy = SplitBetweenSteps([Role.PREFILL, Role.DECODE, Role.DECODE], {1: Role.PREFILL})
+    result, df, _ = simulate(small + ["cluster.num_engines=3", "cluster.switch_mechanism=kv_both",
+                                      "cluster.router_update_s=0.0"], policy=policy)
+    check_invariants(result, df)
+    first_end = result.step_windows[0][1]
+    one, two = df[df.step == 0], df[df.step == 1]
+    assert set(one.engine_prefill) == {0}
+    firsts = two[two.turn == 0]
+    assert firsts.t_ready.min() == pytest.approx(first_end)                   # a router update costs nothing
+    counts = firsts.engine_prefill.value_counts().to_dict()
+    assert set(counts) == {0, 1} and max(counts.values()) <= 16, counts        # 24 first turns, both engines
+    assert (two.engine_decode == 2).all()
 
 
 def test_decode_migration_moves_every_decode_off_the_switched_engine_and_loses_nothing(small):

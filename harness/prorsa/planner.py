@@ -126,10 +126,12 @@ class Planner:
 
     def scored_run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
                    new: list[FutureTrajectory], max_in_flight: int, launched: list[Role] | None,
-                   to_end: bool = False) -> float:
-        """The score of one what-if run to its end (no bound) under `roles`, reached from `roles_now`."""
+                   to_end: bool = False, step_start: bool = False) -> float:
+        """The score of one what-if run to its end (no bound) under `roles`, reached from `roles_now`
+        (`step_start`: between two sync steps, WhatIf.run)."""
         return self.score(self.whatif.run(futures, roles_now, roles, new, max_in_flight,
-                                          on_mean_end=self.on_mean_end(to_end), launched_as=launched), to_end)
+                                          on_mean_end=self.on_mean_end(to_end), launched_as=launched,
+                                          step_start=step_start), to_end)
 
     def candidates(self, current: int) -> list[int]:
         """Colocation and the splits; on big clusters the ones near the present split and a coarse grid."""
@@ -257,7 +259,8 @@ class Planner:
             now_roles, launched = [e.role for e in present.engines], present.launched_roles()
 
         def run(k: int, new: list[FutureTrajectory]) -> float:
-            return self.scored_run([], now_roles or roles[k], roles[k], new, max_in_flight, launched, to_end)
+            return self.scored_run([], now_roles or roles[k], roles[k], new, max_in_flight, launched, to_end,
+                                   step_start=present is not None)
         per = {k: [run(k, new) for new in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()

@@ -323,6 +323,7 @@ class _Run:
     work: DecodeWork | None = None      # the policy's decode placement (placement.py), if it places by work
     then: Callable[[], list[FutureTrajectory]] | None = None   # sync: the next step's batch (WhatIf.run)
     next_step: set[int] = field(default_factory=set)           # its trajectory ids, once started
+    after_switch: bool = False          # sync step start: the batch waits for the switches (WhatIf.run)
 
     def __post_init__(self):
         self.prefill = np.zeros(self.bins)
@@ -332,6 +333,11 @@ class _Run:
     @property
     def horizon_s(self) -> float:
         return self.bins * self.bin_s
+
+    def start_waiting(self) -> None:
+        """Start the new trajectories waiting, as many as the in-flight limit lets."""
+        while self.waiting_new and self.in_flight < self.max_in_flight:
+            self.start(self.waiting_new.pop(), 0.0)
 
     def start(self, ft: FutureTrajectory, delay: float) -> None:
         self.in_flight += 1
@@ -393,8 +399,8 @@ class _Run:
         if len(self.ends) in self.weight_updates:
             self.backend.update_weights()   # flushes the prefix caches if the cluster does
         self.on_end()
-        while self.waiting_new and self.in_flight < self.max_in_flight:
-            self.start(self.waiting_new.pop(), 0.0)
+        if not self.after_switch:
+            self.start_waiting()
         if len(self.ends) == self.scored and self.then is not None and t < self.horizon_s:
             self.start_next_step()
 
@@ -430,9 +436,12 @@ class _Run:
                 self.in_flight -= 1
                 if scored:
                     self.ended(e.t)
-        elif e.kind == K.ROLE_SWITCH_END and self.parked and not self.backend.view().switching():
-            # as the driver does (harness/rollout.py): parked turns wait for the whole transition,
-            # or they all pile onto the first engine back and stay there (sticky KV)
+        elif e.kind == K.ROLE_SWITCH_END and (self.parked or self.after_switch) and not self.backend.view().switching():
+            # as the driver does (harness/rollout.py): parked turns and a sync step's batch wait for the
+            # whole transition, or they all pile onto the first engine back and stay there (sticky KV)
+            if self.after_switch:
+                self.after_switch = False
+                self.start_waiting()
             parked, self.parked = self.parked, []
             for req in parked:
                 self.route(req)
@@ -480,7 +489,7 @@ class WhatIf:
     def run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
             new: list[FutureTrajectory] = (), max_in_flight: int = 0, bound: float = math.inf,
             on_mean_end: bool = False, launched_as: list[Role] | None = None,
-            then: Callable[[], list[FutureTrajectory]] | None = None) -> Outcome:
+            then: Callable[[], list[FutureTrajectory]] | None = None, step_start: bool = False) -> Outcome:
         """The what-if under `roles` (reached from `roles_now`). With a `bound`, the run stops as soon
         as its score (the last end; the mean end if `on_mean_end`) is sure to exceed it, and scores inf:
         a candidate that cannot win is not run to its end (branch and bound; the result is exact).
@@ -495,7 +504,9 @@ class WhatIf:
         (two prefill engines launched as decode engines, two decode engines as prefill engines), the
         run's rest on the true futures of every trajectory: with each engine at its present role's
         parallelism the what-if put 3P5D at 234.2 s and 4P4D at 230.3 s, and Prorsa moved to 3P5D; with
-        the launch parallelism 289.0 s and 229.1 s; the forked runs took 283.7 s and 230.9 s."""
+        the launch parallelism 289.0 s and 229.1 s; the forked runs took 283.7 s and 230.9 s.
+        `step_start` (sync, between two steps): `new` is the next step's batch, which starts once the
+        switches to `roles` are done, as the driver starts it."""
         backend = SimBackend(self.cluster, list(roles_now), launched_as=launched_as)
         self._warm_caches(backend, futures)
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
@@ -519,8 +530,10 @@ class WhatIf:
         backend.call_later(0.0, partial(_switch, backend, roles_now, roles))
         for ft in arriving:
             run.start(ft, ft.ready_s)
-        while run.waiting_new and run.in_flight < run.max_in_flight:
-            run.start(run.waiting_new.pop(), 0.0)
+        if step_start and list(roles) != list(roles_now):
+            run.after_switch = True
+        else:
+            run.start_waiting()
         run.on_end()
         stops = bound < math.inf or then is not None
         backend.run((lambda: backend.loop.now > run.deadline) if stops else None)

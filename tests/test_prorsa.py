@@ -911,6 +911,42 @@ def test_sync_step_start_is_planned_for_a_declared_mix_change(second, planned):
     assert seen == ([] if planned is None else [planned])
 
 
+@pytest.mark.parametrize("second,switching,planned", [({"a": 0.1, "b": 0.9}, True, [[0.5, 0.5]]),
+                                                      ({"a": 0.1, "b": 0.9}, False, []),
+                                                      ({"a": 0.5, "b": 0.5}, True, [])])
+def test_hedged_sync_start_is_the_launch_and_the_first_step_is_planned_for_its_own_mix(second, switching, planned,
+                                                                                       monkeypatch):
+    """Two families, 50:50 in step 0. Where step 1 declares another mix, the initial plan hedges over
+    the mixes; that start is the launch, and before step 0's batch (the driver asks, nothing started)
+    step 0 is planned for its own declared mix. Not without switching (the start is kept), and not
+    where the mix never changes (the start was planned for it)."""
+    from harness.api import EngineState
+    from harness.prorsa.planner import Planner
+    from harness.prorsa.policy import Prorsa
+    run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
+                  step_weights=[{"a": 0.5, "b": 0.5}, second])
+    hedges = []
+
+    def initial(self, samples, max_in_flight, hedged, *args, **kwargs):
+        hedges.append(len(hedged))
+        return COLOCATED, {COLOCATED: 1.0}
+    monkeypatch.setattr(Planner, "initial", initial)
+    policy = Prorsa(initial_samples=1, initial_max_samples=1, switching=switching)
+    cluster = cluster_of(HEAVY)
+    policy.initial_roles(cluster, run)
+    assert hedges == [2 if second["a"] != 0.5 else 0]
+    seen = []
+
+    def initial_split(present=None, weights=None):
+        seen.append(weights)
+        return COLOCATED
+    policy._initial_split = initial_split
+    view = ClusterView(now=0.0, engines=[EngineState(i, Role.COLOCATED, True, 4, 0, 0, 0, 0, 0, 1_000_000)
+                                         for i in range(cluster.num_engines)])
+    assert policy.plan(view) is None                  # colocated either way
+    assert seen == planned
+
+
 def test_whatif_weight_update_flushes_the_prefix_caches():
     """Async: the trainer updates the weights after every `update_every` completed trajectories, and
     the cluster flushes every prefix cache then. Trajectory 0 ends first (1 s of work); trajectory 1

@@ -120,7 +120,15 @@ class Prorsa:
             split = COLOCATED if self.initial == "colocated" else self._initial_split()
         self.decisions.append((0.0, split))
         self._step_split = split              # the allocation planned for the start of the present step
-        self._step_split_mix = self.weights   # and the task mix it was planned for
+        # and the task mix it was planned for; none for a start hedged over the mixes the run declares:
+        # that start is the launch (under kv_both and drain an engine keeps the parallelism it was
+        # launched with), and in sync RL the first step is then planned for its own mix before its
+        # batch starts, as every later step is (`_plan_step`). Measured on shift_reason_browse_sync
+        # (seed 1: reasoning-heavy steps, then browse-heavy ones): hedged, the run launched in 4P4D and
+        # its first two steps stayed there (165.2 and 156.4 s against 140.1 and 138.1 s for 1P7D
+        # throughout); launched in 1P7D instead (no hedge), its browse steps ran with three prefill
+        # engines of decode parallelism (DP4+EP4): 122.4 and 152.6 s against 116.9 and 148.9 s.
+        self._step_split_mix = None if self.initial != "colocated" and self._hedged_start() else self.weights
         return roles_for(split, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
@@ -137,7 +145,7 @@ class Prorsa:
             self.forecaster.observe_arrival(event.t, event.tokens)
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
-        if self.run.mode == "sync" and not self.tracker.live and 0 < self.tracker.started < self.run.total_trajectories:
+        if self.run.mode == "sync" and not self.tracker.live and self.tracker.started < self.run.total_trajectories:
             return self._plan_step(view)
         self.forecaster.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
         new_step = self.run.mode == "sync" and self.tracker.started > self._starts_seen
@@ -216,7 +224,8 @@ class Prorsa:
         return move < stay * (1 - self.hysteresis)
 
     def _plan_step(self, view: ClusterView) -> dict[int, Role] | None:
-        """Between two sync steps (every engine idle, the prefix caches flushed by the weight update). The
+        """Before a sync step's batch (every engine idle, the prefix caches flushed by the weight update;
+        before the first step, a start hedged over the declared mixes is planned here for its own). The
         start of a step is planned for a fresh batch; switches within a step follow its tail, and the
         split a tail wants can be the wrong one to start a batch in. Measured on search_long on
         dense_h100 (seed 1): a move to 1P7D at 510 s ended step 1 at 817 s (colocation 830 s), and step 2
@@ -230,10 +239,13 @@ class Prorsa:
         differs from the one the present split was planned for: then the step is planned for its own
         mix. Measured on a trace of a retrieval agent's step (~8k-token documents per turn) then a
         data-analysis agent's (moe_h200_sglang): 6P2D is best for the first (26.9 s), 2P6D for the
-        second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s)."""
+        second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s).
+        With `forecast: false` nothing is planned here: the plan is a forecast of the next batch, and
+        before a step nothing is under way to plan from (the ablation's "present turns only")."""
         current = current_split(view)
         mix = self._next_step_mix()
-        if not self.switching or current is None or (current == self._step_split and same_mix(mix, self._step_split_mix)):
+        if not (self.switching and self.use_forecast) or current is None or (
+                current == self._step_split and self._step_split_mix is not None and same_mix(mix, self._step_split_mix)):
             return None
         with nested_runs():
             split = self._initial_split(view, mix)
@@ -320,6 +332,10 @@ class Prorsa:
         shares = self.run.step_weights[min(step, len(self.run.step_weights) - 1)]
         return [shares.get(f, 0.0) for f in self.families]
 
+    def _hedged_start(self) -> bool:
+        """Whether the initial plan also weighs each family alone (Planner.initial's hedges)."""
+        return len(self.families) > 1 and self._mix_may_change()
+
     def _mix_may_change(self) -> bool:
         """Whether the run's task mix may move away from its first step's: the declared mixes differ
         between steps, or none is declared. A start hedged against each family alone is a compromise
@@ -380,8 +396,8 @@ class Prorsa:
 
     def _initial_split(self, present: ClusterView | None = None, weights: list[float] | None = None) -> int:
         """The planner's best start for a phase of trajectories drawn from the priors (`initial_samples`
-        draws, more while the choice is open, up to `initial_max_samples`); with `present` (between two
-        sync steps), from the distributions learned so far, reached from the present roles; `weights`:
+        draws, more while the choice is open, up to `initial_max_samples`); with `present` (before a
+        sync step), from the distributions learned so far, reached from the present roles; `weights`:
         the task mix of the phase (the run's first step's by default)."""
         weights = self.weights if weights is None else weights
         now = present.now if present is not None else 0.0
@@ -411,7 +427,7 @@ class Prorsa:
         first = self.initial_max_samples if whole else self.initial_samples
         samples = [sampler.new(self.families, weights, count, 0, rng, group) for _ in range(first)]
         hedges = []
-        if len(self.families) > 1 and present is None and self._mix_may_change():   # also weigh each family alone
+        if present is None and self._hedged_start():   # also weigh each family alone
             hedges = sampler.each_family_alone(self.families, count, 0, rng)
         split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
                                              lambda: sampler.new(self.families, weights, count, 0, rng, group),

@@ -193,14 +193,18 @@ def _fastest(runs: pd.DataFrame, policy: str) -> pd.DataFrame:
     return runs.loc[runs.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()].assign(policy=policy)
 
 
-def oracle_below_hindsight(table: pd.DataFrame) -> list[str]:
-    """Settings where oracle_pd is slower than the best static allocation (an oracle never should be)."""
-    wide = table.pivot(index=ROW_KEYS, columns="policy", values="rollout_time_s")
+def oracle_below_hindsight(df: pd.DataFrame) -> list[str]:
+    """Settings and seeds where oracle_pd is slower than the best static allocation of the same seed (an
+    oracle never should be). Seed by seed: an oracle run at one seed against the mean of the statics'
+    seeds compares two draws (shift_reason_browse_sync: oracle_pd 1,181.2 s at seed 0, above the
+    three seeds' mean hindsight_best of 1,169.7 s and below seed 0's 1,192.3 s)."""
+    per_seed = speedups(df)
+    wide = per_seed.pivot_table(index=ROW_KEYS + ["seed"], columns="policy", values="rollout_time_s")
     if not {"oracle_pd", "hindsight_best"} <= set(wide.columns):
         return []
     below = wide[wide["oracle_pd"] > wide["hindsight_best"] * (1 + 1e-9)]
-    return [f"{' '.join(str(k) for k in key if k)}: oracle_pd {r.oracle_pd:.2f} s > hindsight_best "
-            f"{r.hindsight_best:.2f} s" for key, r in below.iterrows()]
+    return [f"{' '.join(str(k) for k in key[:-1] if k)} seed {key[-1]}: oracle_pd {r.oracle_pd:.2f} s > "
+            f"hindsight_best {r.hindsight_best:.2f} s" for key, r in below.iterrows()]
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -294,7 +298,7 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
         md += ["\n## Prorsa's decisions (the start, then each switch; kP = k prefill engines)\n",
                *[f"- {' '.join(r.overrides) or r.path.name}: {r.summary.get('num_role_switches', 0)} engine role "
                  f"switches; {decisions_text(r.summary['prorsa_decisions'])}" for r in decided]]
-    below = oracle_below_hindsight(table)
+    below = oracle_below_hindsight(df)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]
         log.warning("oracle_pd is below hindsight_best in %d setting(s): %s", len(below), "; ".join(below))

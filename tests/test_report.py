@@ -119,8 +119,24 @@ def test_hindsight_best_includes_colocation_and_an_oracle_below_it_is_flagged(tm
     assert table.loc["best_fixed", "speedup"] == pytest.approx(100 / 120)
     main([str(tmp_path)])
     md = (tmp_path / "speedup.md").read_text()
-    assert "oracle_pd 110.00 s > hindsight_best 100.00 s" in md.split("## oracle_pd below hindsight_best")[1]
+    assert "seed 0: oracle_pd 110.00 s > hindsight_best 100.00 s" in md.split("## oracle_pd below hindsight_best")[1]
     assert "oracle_pd is below hindsight_best" in caplog.text
+
+
+def test_oracle_is_checked_against_the_best_static_allocation_of_its_own_seed(tmp_path):
+    """Statics at seeds 0 and 1 (colocation 100 and 80 s, the best at each), the oracle at seed 0 only
+    (95 s): above the seeds' mean hindsight_best (90 s), below its own seed's (100 s), so not flagged;
+    at 105 s it is."""
+    from harness.report import oracle_below_hindsight
+    for seed, t in ((0, 100.0), (1, 80.0)):
+        make_run(tmp_path, f"colocate{seed}", "colocate", t, seed=seed)
+        make_run(tmp_path, f"pd2_{seed}", "fixed_pd", t + 20, seed=seed, num_prefill=2)
+        make_run(tmp_path, f"pd4_{seed}", "fixed_pd", t + 40, seed=seed, num_prefill=4)
+    make_run(tmp_path, "oracle", "oracle_pd", 95.0)
+    assert oracle_below_hindsight(runs_frame(find_runs([tmp_path]))) == []
+    make_run(tmp_path, "oracle_slow", "oracle_pd", 105.0, seed=1)
+    assert oracle_below_hindsight(runs_frame(find_runs([tmp_path]))) == [
+        "search sync dense_h100 seed 1: oracle_pd 105.00 s > hindsight_best 80.00 s"]
 
 
 def test_runs_without_timeseries_or_baseline_still_report(tmp_path):

@@ -85,7 +85,15 @@ sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
 # and with Prorsa's first turns placed by forecast decode work (policy.placement=forecast_work)
 sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_browse_kvboth $MIG \
   policy=prorsa policy.placement=forecast_work seed=0,1,2
-"$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" --out "$OUT/report-shift"
+# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
+# both ablations and PEARL at seed 0.
+SYNC=shift_reason_browse_sync
+sweep $SYNC +experiment=$SYNC policy=colocate,prorsa seed=0,1,2
+sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=0,1,2
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
+sweep $SYNC +experiment=$SYNC policy=pearl
+"$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" "$OUT/$SYNC" --out "$OUT/report-shift"
 "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"

@@ -399,8 +399,7 @@ class _Run:
         if len(self.ends) in self.weight_updates:
             self.backend.update_weights()   # flushes the prefix caches if the cluster does
         self.on_end()
-        if not self.after_switch:
-            self.start_waiting()
+        self.start_waiting()
         if len(self.ends) == self.scored and self.then is not None and t < self.horizon_s:
             self.start_next_step()
 

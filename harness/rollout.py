@@ -251,7 +251,8 @@ class RolloutDriver:
         self._emit(e)
         if e.kind == K.DECODE_END:
             self._after_decode(e.trajectory_id, e.turn)
-        elif e.kind in (K.ROLE_SWITCH_END, K.ENGINE_RECOVERED) and not self.backend.view().switching():
+        elif (e.kind in (K.ROLE_SWITCH_END, K.ENGINE_RECOVERED) and (self.parked or self._step_after_switch is not None)
+              and not self.backend.view().switching()):
             # Parked turns, and a sync step's batch, wait for the whole transition, so they spread over
             # every new engine instead of piling onto the first one back.
             if self._step_after_switch is not None:

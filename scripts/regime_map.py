@@ -44,9 +44,9 @@ GRIDS = {   # new tokens per turn, output tokens per turn, DP sizes, semantics, 
     "async": ([100, 1000, 4000, 16000], [50, 500], [1, 4, 8], ["vllm"], ["async"]),
     # the async map's DP16 row (two engines: colocation, 1P1D and Prorsa per cell)
     "async_dp16": ([100, 1000, 4000, 16000], [50, 500], [16], ["vllm"], ["async"]),
-    # the async map's 8,000-token answers on DP4, DP8 and DP16 (largest new tokens first: a Prorsa run
-    # takes 5-15 minutes here, so the cells where PD may pay come first); DP1 not yet run
-    "async_long": ([16000, 4000, 1000, 100], [8000], [4, 8, 16], ["vllm"], ["async"]),
+    # the async map's 8,000-token answers (largest new tokens first: a Prorsa run takes 5-15 minutes
+    # here, so the cells where PD may pay come first)
+    "async_long": ([16000, 4000, 1000, 100], [8000], [1, 4, 8, 16], ["vllm"], ["async"]),
     "smoke": ([1000], [50], [4], ["vllm"], ["sync"]),
 }
 GPUS = 32

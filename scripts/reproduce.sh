@@ -98,8 +98,8 @@ sweep $SYNC +experiment=$SYNC policy=pearl
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 "$PY" scripts/pd_benefits.py "$OUT" > "$OUT/report/pd_benefits.md"
-# Section 6, the regime map (96 sync cells; 44 async: DP1-8 with 50- and 500-token answers, DP16, and
-# 8,000-token answers on DP4, DP8 and DP16; writes its CSV and heatmaps in OUT/regime_map and OUT/regime_map_async),
+# Section 6, the regime map (96 sync cells; 48 async: DP1-8 with 50- and 500-token answers, DP16, and
+# 8,000-token answers on DP1-DP16; writes its CSV and heatmaps in OUT/regime_map and OUT/regime_map_async),
 # and section 4's
 # performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
 "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"

@@ -193,12 +193,11 @@ def _fastest(runs: pd.DataFrame, policy: str) -> pd.DataFrame:
     return runs.loc[runs.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()].assign(policy=policy)
 
 
-def oracle_below_hindsight(df: pd.DataFrame) -> list[str]:
+def oracle_below_hindsight(per_seed: pd.DataFrame) -> list[str]:
     """Settings and seeds where oracle_pd is slower than the best static allocation of the same seed (an
     oracle never should be). Seed by seed: an oracle run at one seed against the mean of the statics'
     seeds compares two draws (shift_reason_browse_sync: oracle_pd 1,181.2 s at seed 0, above the
-    three seeds' mean hindsight_best of 1,169.7 s and below seed 0's 1,192.3 s)."""
-    per_seed = speedups(df)
+    three seeds' mean hindsight_best of 1,169.7 s and below seed 0's 1,192.3 s). `per_seed`: speedups()."""
     wide = per_seed.pivot_table(index=ROW_KEYS + ["seed"], columns="policy", values="rollout_time_s")
     if not {"oracle_pd", "hindsight_best"} <= set(wide.columns):
         return []
@@ -217,10 +216,10 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
     return merged
 
 
-def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Long form: one row per (row keys, policy) with mean/std of speedup and efficiency over seeds."""
-    s = speedups(df)
-    g = s.groupby(ROW_KEYS + ["policy"], as_index=False)
+def speedup_table(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """Long form: one row per (row keys, policy) with mean/std of speedup and efficiency over seeds
+    (`per_seed`: speedups())."""
+    g = per_seed.groupby(ROW_KEYS + ["policy"], as_index=False)
     return g.agg(speedup=("speedup", "mean"), speedup_std=("speedup", "std"), seeds=("seed", "count"),
                  efficiency=("efficiency", "mean"), efficiency_std=("efficiency", "std"),
                  rollout_time_s=("rollout_time_s", "mean"))
@@ -286,7 +285,8 @@ EFFICIENCY_CAPTION = "Efficiency: lower_bound_s / rollout_time_s (1.0 is the bou
 
 def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     df = runs_frame(runs)
-    table = speedup_table(df)
+    per_seed = speedups(df)
+    table = speedup_table(per_seed)
     _wide(table).to_csv(out / "speedup.csv", index=False)
     failed = _failed_lines(runs)
     speed, eff = _display(table, "speedup"), _display(table, "efficiency")
@@ -298,7 +298,7 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
         md += ["\n## Prorsa's decisions (the start, then each switch; kP = k prefill engines)\n",
                *[f"- {' '.join(r.overrides) or r.path.name}: {r.summary.get('num_role_switches', 0)} engine role "
                  f"switches; {decisions_text(r.summary['prorsa_decisions'])}" for r in decided]]
-    below = oracle_below_hindsight(df)
+    below = oracle_below_hindsight(per_seed)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]
         log.warning("oracle_pd is below hindsight_best in %d setting(s): %s", len(below), "; ".join(below))

@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 
 from harness.figure_style import MAX_WIDTH_IN, MUTED, policy_color, policy_order
-from harness.report import Figures, find_runs, main, runs_frame, speedup_table
+from harness.report import Figures, find_runs, main, runs_frame, speedup_table, speedups
 
 
 def make_run(root: Path, name: str, policy: str, rollout: float, seed: int = 0, workload: str = "search",
@@ -69,7 +69,7 @@ def sweep(tmp_path: Path) -> Path:
 
 
 def test_known_speedups_per_policy_and_mode(sweep):
-    table = speedup_table(runs_frame(find_runs([sweep]))).set_index(["mode", "policy"])
+    table = speedup_table(speedups(runs_frame(find_runs([sweep])))).set_index(["mode", "policy"])
     assert table.loc[("sync", "fixed_pd[num_prefill=2]"), "speedup"] == pytest.approx(2.0)
     assert table.loc[("sync", "fixed_pd[num_prefill=2]"), "speedup_std"] == pytest.approx(0.0)
     assert table.loc[("sync", "fixed_pd[num_prefill=2]"), "seeds"] == 2
@@ -114,7 +114,7 @@ def test_hindsight_best_includes_colocation_and_an_oracle_below_it_is_flagged(tm
     make_run(tmp_path, "pd2", "fixed_pd", 120.0, num_prefill=2)
     make_run(tmp_path, "pd4", "fixed_pd", 150.0, num_prefill=4)
     make_run(tmp_path, "oracle", "oracle_pd", 110.0)
-    table = speedup_table(runs_frame(find_runs([tmp_path]))).set_index("policy")
+    table = speedup_table(speedups(runs_frame(find_runs([tmp_path])))).set_index("policy")
     assert table.loc["hindsight_best", "speedup"] == pytest.approx(1.0)
     assert table.loc["best_fixed", "speedup"] == pytest.approx(100 / 120)
     main([str(tmp_path)])
@@ -133,9 +133,9 @@ def test_oracle_is_checked_against_the_best_static_allocation_of_its_own_seed(tm
         make_run(tmp_path, f"pd2_{seed}", "fixed_pd", t + 20, seed=seed, num_prefill=2)
         make_run(tmp_path, f"pd4_{seed}", "fixed_pd", t + 40, seed=seed, num_prefill=4)
     make_run(tmp_path, "oracle", "oracle_pd", 95.0)
-    assert oracle_below_hindsight(runs_frame(find_runs([tmp_path]))) == []
+    assert oracle_below_hindsight(speedups(runs_frame(find_runs([tmp_path])))) == []
     make_run(tmp_path, "oracle_slow", "oracle_pd", 105.0, seed=1)
-    assert oracle_below_hindsight(runs_frame(find_runs([tmp_path]))) == [
+    assert oracle_below_hindsight(speedups(runs_frame(find_runs([tmp_path])))) == [
         "search sync dense_h100 seed 1: oracle_pd 105.00 s > hindsight_best 80.00 s"]
 
 

@@ -118,6 +118,23 @@ SETTINGS: dict[str, list[str]] = {
                                              "mode=async", "mode.max_in_flight=256"],
     "browse_deepseek4_async": ["workload=browse", "cluster=deepseek_v3_h200", "cluster.num_engines=4",
                                "mode=async", "mode.max_in_flight=128"],
+    # Eighth group, chosen and committed before its first run: a 20k-token shared task prompt with short
+    # turns (prefix cache); long math reasoning with a short interpreter call on the paper-kind Qwen3-235B
+    # cluster in async; SWE on DeepSeek-V3 with kv_both switching in async; browsing on dense engines
+    # with SGLang's steps; a triage agent (a trace family with two kinds of trajectory) on moe_h200.
+    "synth_sharedprompt_moe_sync": ["workload=synthetic", "cluster=moe_h200", "workload.batch_size=32",
+                                    "workload.prompt.median=20000", "workload.prompt.high=60000",
+                                    "workload.context_cap=98304", "workload.output.median=150",
+                                    "workload.tool_output.median=300"],
+    "synth_math_qwen235_async": ["workload=synthetic", "cluster=qwen235_h200", "mode=async",
+                                 "mode.max_in_flight=256", "workload.batch_size=32", "workload.turns.0.median=3",
+                                 "workload.output.median=3000", "workload.max_output_tokens=16384",
+                                 "workload.tool_output.median=100", "workload.tool_latency.0.median=1.0"],
+    "swe_deepseek_kvboth_async": ["workload=swe", "cluster=deepseek_v3_h200", "cluster.switch_mechanism=kv_both",
+                                  "mode=async", "mode.max_in_flight=128"],
+    "browse_dense8_sglang_sync": ["workload=browse", "cluster=dense8_h100", "cluster.engine=sglang"],
+    "triage_moe_sync": ["workload=trace", "workload.path={traces}/triage.jsonl", "workload.batch_size=64",
+                        "cluster=moe_h200"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
@@ -132,7 +149,10 @@ def write_traces(directory: Path) -> None:
       ~300-token tool outputs after ~0.8 s (exponential);
     - rag (a retrieval agent): a ~600-token question; 2-5 turns of ~150-token answers, each followed by
       ~8k tokens of retrieved documents after ~0.3 s;
-    - rag_analyst: both of those families in every step, 64 groups of each, alternating."""
+    - rag_analyst: both of those families in every step, 64 groups of each, alternating;
+    - triage (a support-triage agent): a ~1k-token ticket; 40% of trajectories answer at once (~600
+      tokens, one turn), the rest investigate: 6-12 turns of ~80-token actions on ~5k-token logs after
+      ~1 s, so a step holds short and long chains of one family."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -167,6 +187,14 @@ def write_traces(directory: Path) -> None:
             return lognormal(150, 0.5, 10, 1500), tool, 0.3 * np.exp(0.5 * rng.standard_normal())
         return chain(group, "rag", prompt, int(rng.integers(2, 6)), draw)
 
+    def triage(group: int, prompt: int) -> dict:
+        if rng.random() < 0.4:
+            return chain(group, "triage", prompt, 1, lambda: (lognormal(600, 0.4, 50, 3000), 0, 0.0))
+
+        def draw():
+            return lognormal(80, 0.5, 10, 800), lognormal(5000, 0.5, 500, 16000), np.exp(0.5 * rng.standard_normal())
+        return chain(group, "triage", prompt, int(rng.integers(6, 13)), draw)
+
     directory.mkdir(parents=True, exist_ok=True)
     groups = {}
     for name, make, prompt in (("analyst", analyst, (2500, 0.3, 500, 8000)), ("review", review, (12000, 0.4, 3000, 28000)),
@@ -178,6 +206,12 @@ def write_traces(directory: Path) -> None:
             shared = lognormal(*prompt)
             groups[name].append([make(group, shared) for _ in range(8)])
         (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for g in groups[name] for t in g))
+    rng = np.random.default_rng(11)   # its own stream: added after the others, which stay as they were
+    rows = []
+    for group in range(128):
+        shared = lognormal(1000, 0.3, 200, 4000)
+        rows += [triage(group, shared) for _ in range(8)]
+    (directory / "triage.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
     # both families in every step, alternating groups: 64 of each, the analyst's renumbered
     mixed = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["analyst"][g]] + groups["rag"][g]]
     (directory / "rag_analyst.jsonl").write_text("".join(json.dumps(t) + "\n" for t in mixed))
@@ -247,7 +281,7 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        if any("{traces}" in o for o in overrides) and not (traces / "rag_analyst.jsonl").exists():
+        if any("{traces}" in o for o in overrides) and not (traces / "triage.jsonl").exists():
             write_traces(traces)
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)

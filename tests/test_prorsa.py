@@ -546,6 +546,33 @@ def test_sampled_groups_share_their_prompt_level_and_turn_counts():
     assert abs(np.corrcoef(a[1:], b[:-1])[0, 1]) < 0.06
 
 
+def test_sampled_groups_keep_a_turn_output_link_the_group_cannot_carry():
+    """`turns_output_corr` is per trajectory, and a group's shared turn score can carry at most
+    sqrt(turns_group_corr) of it. With turn counts independent within a group (0) and a link of -0.8
+    (an agent that either answers at once at length or takes many short actions), the link goes
+    through each sample's own turn score: its log first output and log turn count correlate at
+    -0.8 x sqrt(0.5) (the level's share of a log-output variance of 1), times the correlation of the
+    rounded log turn count with its score (~0.97). Where the group can carry the link (0.64 >= 0.8^2)
+    the level stays the group's: two samples of a group share it (log outputs correlate at 0.5)."""
+    from dataclasses import replace as dc_replace
+    from harness.prorsa.whatif import FutureSampler
+    values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
+    turns = np.sort(np.exp(np.random.default_rng(2).normal(np.log(6), 0.6, 4000)))
+    one = {"fam": np.array([1.0])}
+    base = FutureSampler(outputs={"fam": values}, tool_latency=one, tool_outputs=one, turns={"fam": turns},
+                         first_prompts=one, max_context={"fam": 10**9}, output_shared={"fam": 0.5})
+    rng = np.random.default_rng(6)
+    own = dc_replace(base, turns_group_corr={"fam": 0.0}, turns_output_corr={"fam": -0.8})
+    drawn = [t for _ in range(800) for t in own.group("fam", 8, 0, rng)]
+    n = np.log([len(t.turns) for t in drawn])
+    out = np.log([t.turns[0].output_tokens for t in drawn])
+    assert np.corrcoef(n, out)[0, 1] == pytest.approx(-0.8 * np.sqrt(0.5) * 0.97, abs=0.05)
+    shared = dc_replace(base, turns_group_corr={"fam": 0.64}, turns_output_corr={"fam": 0.8})
+    pairs = [shared.group("fam", 2, 0, rng) for _ in range(3000)]
+    a, b = (np.log([p[i].turns[0].output_tokens for p in pairs]) for i in (0, 1))
+    assert np.corrcoef(a, b)[0, 1] == pytest.approx(0.5, abs=0.06)
+
+
 def test_run_info_tells_the_group_size_and_workloads_their_turn_group_correlation():
     """RunInfo carries the samples per prompt; a single-mode turn count's score has the group's rho
     (the synthetic workload's 0.25), a mixture's is mixture_group_corr's."""

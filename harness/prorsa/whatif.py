@@ -271,22 +271,34 @@ class FutureSampler:
         correlation, sqrt(turns_group_corr) x the group's). Why: a hard prompt puts all its samples
         into the step's tail at once. Measured on the synthetic workload with 16k-token tool outputs
         and 500-token answers on 8 TP4 engines (SGLang semantics, the regime map's cell): drawn one by
-        one, the plan started in 5P3D (120.0 s, 0.92x of colocation); drawn in groups, colocated."""
+        one, the plan started in 5P3D (120.0 s, 0.92x of colocation); drawn in groups, colocated.
+        The group's turn score carries a correlation with the level of at most sqrt(turns_group_corr);
+        what it cannot carry goes through each sample's own turn score (the level is then partly the
+        sample's). Measured on a triage agent's trace (40% one ~600-token answer, the rest 6-12 turns
+        of ~80-token actions; turn counts independent within a group, link -1): with the level the
+        group's alone, chains of many turns drew long answers and the plan on moe_h200 put 6P2D at
+        64.2 s and 5P3D at 60.5 s (their runs on the true scripts: 44.7 and 50.1 s); with it, 43.8
+        and 51.3 s."""
         cap = self.max_context[family]
         prompt = min(max(int(draw(self.first_prompts[family], rng)), 1), cap - 1)
         r = min(max(self.turns_group_corr.get(family, 0.0), 0.0), 1.0)
         z_group = float(rng.standard_normal())
-        level = 0.0
+        scale, c, own, shared_level = 0.0, 0.0, 0.0, 0.0
         if family in self._levels:
             rho, _, var, corr = self._levels[family][:4]
+            scale = math.sqrt(rho * var)
             c = min(max(corr / math.sqrt(r), -1.0), 1.0) if r > 0 else 0.0
-            level = math.sqrt(rho * var) * (c * z_group + math.sqrt(1 - c * c) * float(rng.standard_normal()))
+            own = min(max((corr - c * math.sqrt(r)) / math.sqrt(1 - r), -1.0), 1.0) if r < 1 else 0.0
+            own = math.copysign(min(abs(own), math.sqrt(1 - c * c)), own)
+            shared_level = c * z_group + math.sqrt(max(1 - c * c - own * own, 0.0)) * float(rng.standard_normal())
         turns = self.turns[family]
         out = []
         for i in range(size):
-            z = math.sqrt(r) * z_group + math.sqrt(1 - r) * float(rng.standard_normal())
+            e = float(rng.standard_normal())
+            z = math.sqrt(r) * z_group + math.sqrt(1 - r) * e
             u = 0.5 * (1 + math.erf(z / math.sqrt(2)))
             more = max(int(round(float(turns[min(int(u * len(turns)), len(turns) - 1)]))) - 1, 0)
+            level = scale * (shared_level + own * e)
             out.append(self._starting(family, first_id + i, prompt, draw(self.outputs[family], rng), more, level, rng))
         return out
 

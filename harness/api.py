@@ -169,6 +169,19 @@ class LogNormalPrior:
 
 
 @dataclass(frozen=True)
+class ExampleTrajectory:
+    """A recorded trajectory's shape (a trace's), without its identity. A plan may draw whole
+    trajectories from these and keep every link between one trajectory's turns that per-quantity
+    distributions lose: its turn count with its answers' lengths, a first turn that plans and a last
+    one that answers, tool outputs that grow turn by turn."""
+
+    prompt_tokens: int
+    outputs: tuple[int, ...]            # per turn
+    tool_outputs: tuple[int, ...]       # per tool call (after every turn but the last)
+    tool_latencies: tuple[float, ...]   # per tool call
+
+
+@dataclass(frozen=True)
 class FamilyPriors:
     """What a workload says of one task family before any trajectory is seen (cold-start priors)."""
 
@@ -190,11 +203,17 @@ class FamilyPriors:
     # The correlation of the log turn counts of the samples of one prompt (a GRPO group): a hard prompt
     # is hard for all of them. 0: each sample draws its turn count afresh.
     turns_group_corr: float = 0.0
+    # Recorded trajectories of the family in their GRPO groups (a trace's): where there are some, plans
+    # draw new trajectories, and the rest of live ones, from them rather than from the distributions
+    # above. Empty for generators, whose distributions are exact.
+    examples: tuple[tuple[ExampleTrajectory, ...], ...] = ()
 
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What a policy is told when a run starts: the RL mode and the workload's priors, never its scripts.
+    """What a policy is told when a run starts: the RL mode and the workload's priors, never its scripts
+    (a trace's recorded trajectories may be among the priors, as a population without ids or order:
+    never which trajectory runs when).
 
     Built by the experiment from the mode config and `Workload.priors()`.
     """

@@ -357,6 +357,7 @@ class TraceSchema:
     name: str = key(nonempty=True)
     path: str = key(nonempty=True, allowed="a trace file (JSONL)")
     batch_size: Optional[int] = key(ge=1, allowed="an integer >= 1 or null")
+    prior_path: Optional[str] = key(omittable=True, allowed="a trace file (JSONL) or null")
     _target_: str = target("workloads.trace.TraceWorkload")
 
 

@@ -573,6 +573,104 @@ def test_sampled_groups_keep_a_turn_output_link_the_group_cannot_carry():
     assert np.corrcoef(a, b)[0, 1] == pytest.approx(0.5, abs=0.06)
 
 
+def recorded_sampler():
+    """A family with two recorded kinds of trajectory, as a triage agent's trace: `answer` (one turn of
+    600 tokens) and `chain` (three turns of 80 tokens, 5,000-token tool outputs after 1 s), one group
+    of each."""
+    from harness.api import ExampleTrajectory
+    from harness.prorsa.whatif import FutureSampler
+    answer = ExampleTrajectory(1000, (600,), (), ())
+    chain = ExampleTrajectory(1000, (80, 80, 80), (5000, 5000), (1.0, 1.0))
+    one = {"fam": np.array([1.0])}
+    return answer, chain, FutureSampler(
+        outputs={"fam": np.array([80.0, 600.0])}, tool_latency={"fam": np.array([1.0])}, tool_outputs=one,
+        turns={"fam": np.array([1.0, 3.0])}, first_prompts=one, max_context={"fam": 10**6},
+        examples={"fam": ((answer,) * 4, (chain,) * 4)})
+
+
+def test_new_trajectories_are_recorded_ones_in_their_groups():
+    """With recorded trajectories a sampled group is one recorded group's members, turn for turn:
+    prompts, answers, tool outputs (the next prompt's new tokens) and latencies, the last turn making
+    no tool call; never a mix of the two kinds (the per-quantity draws would give chains of 600-token
+    answers)."""
+    _, _, sampler = recorded_sampler()
+    rng = np.random.default_rng(0)
+    groups = [sampler.group("fam", 4, 0, rng) for _ in range(40)]
+    kinds = {tuple(len(t.turns) for t in g) for g in groups}
+    assert kinds == {(1, 1, 1, 1), (3, 3, 3, 3)}
+    chain = next(g[0] for g in groups if len(g[0].turns) == 3)
+    assert [(t.prompt_tokens, t.cached_tokens, t.output_tokens, t.tool_latency_s) for t in chain.turns] == [
+        (1000, 0, 80, 1.0), (6080, 1080, 80, 1.0), (11160, 6160, 80, 0.0)]
+    answer = next(g[0] for g in groups if len(g[0].turns) == 1)
+    assert [(t.prompt_tokens, t.output_tokens, t.tool_latency_s) for t in answer.turns] == [(1000, 600, 0.0)]
+    one_by_one = sampler.new(["fam"], [1.0], 50, 0, rng)
+    assert {tuple(t.output_tokens for t in f.turns) for f in one_by_one} == {(600,), (80, 80, 80)}
+
+
+def test_live_trajectories_go_on_as_recorded_ones_that_reached_their_point():
+    """Trajectory 1 is in its tool call after turn 0: only the chain has a turn after it, so two turns
+    of 80 tokens follow, the first on its context (100 + 50) plus the 5,000-token tool output.
+    Trajectory 2 decodes turn 0 and has generated 100 tokens: only the answer writes more than that at
+    turn 0, so 500 tokens are left and nothing follows. Trajectory 3 is at turn 5, further than any
+    recorded one: its rest comes from the distributions (one more turn at least)."""
+    from harness.prorsa.tracker import TrajectoryState
+    _, _, sampler = recorded_sampler()
+    t = LifecycleTracker()
+    t.live[1] = TrajectoryState(1, "fam", 0.0, phase=Phase.TOOL, phase_since=1.0, turn=0, context=100, outputs=[50])
+    t.live[2] = TrajectoryState(2, "fam", 0.0, phase=Phase.DECODING, phase_since=0.0, turn=0, context=1000)
+    t.live[3] = TrajectoryState(3, "fam", 0.0, phase=Phase.TOOL, phase_since=1.0, turn=5, context=100,
+                                outputs=[80] * 6)
+    t.count_generated(1.5, {2: 100})
+    futures = {f.trajectory_id: f for f in sampler.live(1.5, t, PrefixTracker(), 0.01, np.random.default_rng(0))}
+    assert [(x.prompt_tokens, x.cached_tokens, x.output_tokens) for x in futures[1].turns] == [
+        (5150, 150, 80), (10230, 5230, 80)]
+    assert [(x.prompt_tokens, x.output_tokens, x.tool_latency_s) for x in futures[2].turns] == [(1100, 500, 0.0)]
+    assert len(futures[3].turns) >= 1
+
+
+def test_recorded_trajectories_are_weighted_by_their_answers_so_far():
+    """Two kinds reach turn 1: long-answer chains (1,000 tokens a turn) and short-answer ones (50).
+    A live trajectory that wrote 1,000 tokens at turn 0 goes on as the long ones, nearly always (the
+    kernel's bandwidth is Silverman's rule on the two values); before it has written anything, as
+    either (uniform)."""
+    from harness.api import ExampleTrajectory
+    from harness.prorsa.whatif import Recorded
+    long, short = ExampleTrajectory(10, (1000, 1000), (5,), (1.0,)), ExampleTrajectory(10, (50, 50), (5,), (1.0,))
+    rec = Recorded([long] * 10 + [short] * 10)
+    rng = np.random.default_rng(0)
+    picks = [rec.pick(2, None, [1000], rng) for _ in range(200)]
+    assert sum(p is long for p in picks) >= 198
+    picks = [rec.pick(2, (1, 0), [], rng) for _ in range(200)]
+    assert 70 <= sum(p is long for p in picks) <= 130
+    assert rec.pick(3, None, [], rng) is None
+
+
+def test_trace_priors_carry_its_trajectories_without_ids_and_may_come_from_another_file(tmp_path):
+    """A trace's priors hold its trajectories' shapes in their groups (no ids); with `prior_path` they
+    come from that file, while the replay stays the first (a policy judged on trajectories it never
+    saw); a prior file without a replayed family is refused, naming the key."""
+    import json
+    from harness.api import ExampleTrajectory
+    from workloads.trace import TraceError, TraceWorkload
+
+    def write(path, outputs, family="fam"):
+        lines = [{"group": g, "family": family, "turns": [
+            {"new_tokens": 300, "output_tokens": outputs, "tool_latency_s": 0.5, "tool_output_tokens": 70},
+            {"new_tokens": 70, "output_tokens": 9, "tool_latency_s": 0.0, "tool_output_tokens": 0}]}
+            for g in range(2) for _ in range(2)]
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return str(path)
+    replay, other = write(tmp_path / "a.jsonl", 40), write(tmp_path / "b.jsonl", 400)
+    w = TraceWorkload(replay)
+    shape = ExampleTrajectory(300, (40, 9), (70,), (0.5,))
+    assert w.priors()["fam"].examples == ((shape, shape), (shape, shape))
+    held_out = TraceWorkload(replay, prior_path=other)
+    assert held_out.priors()["fam"].examples[0][0].outputs == (400, 9)
+    assert [t.output_tokens for t in held_out.batch(0)[0].turns] == [40, 9]
+    with pytest.raises(TraceError, match="workload.prior_path"):
+        TraceWorkload(replay, prior_path=write(tmp_path / "c.jsonl", 40, family="other"))
+
+
 def test_run_info_tells_the_group_size_and_workloads_their_turn_group_correlation():
     """RunInfo carries the samples per prompt; a single-mode turn count's score has the group's rho
     (the synthetic workload's 0.25), a mixture's is mixture_group_corr's."""

@@ -25,8 +25,11 @@ file name, line number and field, before anything is simulated.
 `priors()` are distribution priors from the trace, not a replay of it: per family, a lognormal fitted
 to the file's own values (median, and standard deviation of the logs; workloads.base.fit_lognormal,
 which keeps a mixture's components where the values are clearly multimodal) of first prompts, outputs
-per turn, tool output and latency per tool call, and turns per trajectory.
-A policy learns what the file's population looks like, never which trajectory does what.
+per turn, tool output and latency per tool call, and turns per trajectory; and the recorded
+trajectories' shapes in their groups (`FamilyPriors.examples`: sizes and latencies, no ids, no order).
+A policy learns what the file's population looks like, never which trajectory runs when.
+`prior_path`: another trace to learn the priors from (the same agents on other prompts), so that a
+policy is judged on trajectories it has never seen; by default the replayed file itself.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.api import FamilyPriors
+from harness.api import ExampleTrajectory, FamilyPriors
 from harness.stats import intraclass_correlation, size_level_correlation
 from harness.trajectory import TrajectoryScript, TurnScript
 from workloads.base import Workload, fit_lognormal, group_id, trajectory_id
@@ -154,18 +157,25 @@ class TraceWorkload:
     name: str = "trace"
     seed: int = 0                   # accepted like any workload's; a replay draws nothing
     batch_size: int | None = None   # groups per RL step; None: every group in the file
+    prior_path: str | None = None   # the trace the priors are learned from; None: `path`
     group_size: int = field(init=False)
     groups: list[list[TrajectoryScript]] = field(init=False, repr=False)
+    prior_groups: list[list[TrajectoryScript]] = field(init=False, repr=False)
 
     def __post_init__(self):
         self.groups = read_trace(self.path)
+        self.prior_groups = self.groups if self.prior_path is None else read_trace(self.prior_path)
         self.group_size = len(self.groups[0])
         if self.batch_size is None:
             self.batch_size = len(self.groups)
+        missing = {s.family for g in self.groups for s in g} - {s.family for g in self.prior_groups for s in g}
+        if missing:
+            raise TraceError(f"{self.prior_path}: workload.prior_path has no trajectory of the replayed "
+                             f"families {sorted(missing)}")
 
     def priors(self) -> dict[str, FamilyPriors]:
         by_family: dict[str, list[TrajectoryScript]] = {}
-        for script in (s for group in self.groups for s in group):
+        for script in (s for group in self.prior_groups for s in group):
             by_family.setdefault(script.family, []).append(script)
         out = {}
         for family, scripts in by_family.items():
@@ -181,7 +191,9 @@ class TraceWorkload:
                 output_shared=intraclass_correlation(logs(s) for s in scripts) or 0.0,
                 turns_output_corr=size_level_correlation(logs(s) for s in scripts) or 0.0,
                 turns_group_corr=intraclass_correlation(
-                    [np.log(len(s.turns)) for s in group if s.family == family] for group in self.groups) or 0.0)
+                    [np.log(len(s.turns)) for s in group if s.family == family] for group in self.prior_groups) or 0.0,
+                examples=tuple(members for group in self.prior_groups
+                               if (members := tuple(example(s) for s in group if s.family == family))))
         return out
 
     def batch(self, step: int) -> list[TrajectoryScript]:
@@ -193,6 +205,14 @@ class TraceWorkload:
                                    trajectory_id=trajectory_id(step, self.batch_size, self.group_size,
                                                                g * self.group_size + i)))
         return out
+
+
+def example(script: TrajectoryScript) -> ExampleTrajectory:
+    """A trajectory's shape, without its ids."""
+    calls = range(len(script.turns) - 1)   # the last turn calls no tool
+    return ExampleTrajectory(script.turns[0].new_tokens, tuple(t.output_tokens for t in script.turns),
+                             tuple(script.tool_output_tokens(k) for k in calls),
+                             tuple(script.turns[k].tool_latency_s for k in calls))
 
 
 def logs(script: TrajectoryScript) -> np.ndarray:

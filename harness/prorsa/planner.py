@@ -73,7 +73,8 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                          max_context={f: p.context_cap for f, p in run.priors.items()},
                          output_shared=shared,
                          turns_output_corr={f: run.priors[f].turns_output_corr for f in shared},
-                         turns_group_corr={f: p.turns_group_corr for f, p in run.priors.items()})
+                         turns_group_corr={f: p.turns_group_corr for f, p in run.priors.items()},
+                         examples={f: p.examples for f, p in run.priors.items() if p.examples})
 
 
 def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> dict[str, float]:

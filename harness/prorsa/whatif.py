@@ -28,7 +28,7 @@ from functools import partial
 
 import numpy as np
 
-from harness.api import EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.api import EventKind, ExampleTrajectory, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig
 from harness.prorsa.tracker import LifecycleTracker, Phase, TrajectoryState
 from harness.prorsa.placement import DecodeWork, route_placing
@@ -104,6 +104,57 @@ PREFILLED = (Phase.TRANSFERRING, Phase.DECODING)
 MAX_SHARED = 0.95   # keeps some turn-to-turn spread when the data say a trajectory's turns are alike
 
 
+class Recorded:
+    """One family's recorded trajectories, indexed to find those that reached a live trajectory's point."""
+
+    def __init__(self, flat: list[ExampleTrajectory]):
+        self.flat = flat
+        self.turns = np.array([len(ex.outputs) for ex in flat])
+        width = int(self.turns.max())
+        self.outputs = np.zeros((len(flat), width))
+        for i, ex in enumerate(flat):
+            self.outputs[i, :len(ex.outputs)] = ex.outputs
+        # running mean of log answer lengths over each trajectory's first j + 1 turns
+        logs = np.log(np.maximum(self.outputs, 1.0))
+        self.mean_logs = np.cumsum(logs, axis=1) / np.arange(1, width + 1)
+
+    @classmethod
+    def of(cls, groups: tuple[tuple[ExampleTrajectory, ...], ...]) -> Recorded:
+        return cls([ex for g in groups for ex in g])
+
+    def pick(self, min_turns: int, under_way: tuple[int, int] | None, observed: list[int],
+             rng: np.random.Generator) -> ExampleTrajectory | None:
+        """A recorded trajectory with at least `min_turns` turns (and, `under_way` = (turn, generated),
+        an answer at that turn longer than `generated`), drawn with weights `weights`; None if none."""
+        ok = self.turns >= min_turns
+        if under_way is not None:
+            turn, generated = under_way
+            if turn < self.outputs.shape[1]:
+                ok &= self.outputs[:, turn] > generated
+        index = np.flatnonzero(ok)
+        if not len(index):
+            return None
+        w = self.weights(index, observed)
+        return self.flat[int(index[rng.choice(len(index), p=w)] if w is not None else index[rng.integers(len(index))])]
+
+    def weights(self, index: np.ndarray, observed: list[int]) -> np.ndarray | None:
+        """Kernel weights on the mean log answer length so far (a Gaussian kernel, bandwidth by
+        Silverman's rule of thumb, Silverman 1986, eq. 3.31): a trajectory that wrote long answers goes
+        on as the recorded ones that did. None (uniform) before any answer is seen."""
+        n = len(observed)
+        if not n or len(index) < 2:
+            return None
+        values = self.mean_logs[index, n - 1]
+        spread = min(values.std(), (np.quantile(values, 0.75) - np.quantile(values, 0.25)) / 1.34)
+        if spread <= 0:
+            return None
+        h = 0.9 * spread * len(values) ** -0.2
+        d = (values - float(np.mean(np.log(np.maximum(observed, 1))))) / h
+        w = np.exp(-0.5 * d * d)
+        total = w.sum()
+        return w / total if total > 0 else None
+
+
 @dataclass
 class FutureSampler:
     """Samples trajectories' futures from per-family distributions (sorted samples).
@@ -124,8 +175,10 @@ class FutureSampler:
     output_shared: dict[str, float] = field(default_factory=dict)
     turns_output_corr: dict[str, float] = field(default_factory=dict)   # per family: log turns ~ level
     turns_group_corr: dict[str, float] = field(default_factory=dict)    # per family: within a prompt's group
+    examples: dict[str, tuple[tuple[ExampleTrajectory, ...], ...]] = field(default_factory=dict)   # recorded
 
     def __post_init__(self):
+        self._recorded = {f: Recorded.of(groups) for f, groups in self.examples.items() if groups}
         # per family with a shared level: (share, mean and variance of log output tokens, correlation of
         # the level with the log turn count, mean and deviation of the log turn count)
         self._levels: dict[str, tuple[float, float, float, float, float, float]] = {}
@@ -208,6 +261,12 @@ class FutureSampler:
         futures = []
         for s in tracker.live.values():
             f = s.family
+            if f in self._recorded:
+                ft = self._recorded_live(s, now, tracker, tpot, rng, prefix, routes)
+                if ft is not False:
+                    if ft is not None:
+                        futures.append(ft)
+                    continue
             more = self.turns_left(f, s.turn, rng)
             n_turns = s.turn + 1 + (max(more, 1) if s.phase == Phase.TOOL else more)
             level = self.output_level(f, s.outputs, rng, n_turns)
@@ -243,6 +302,9 @@ class FutureSampler:
             return out
         for i in range(count):
             f = families[int(rng.choice(len(families), p=p))]
+            if f in self._recorded:
+                out += self.group(f, 1, first_id + i, rng)
+                continue
             cap = self.max_context[f]
             # drawn in this order (the level's normal, prompt, first output, turns) so that plans on
             # workloads without the turn-output link keep their random stream
@@ -279,6 +341,10 @@ class FutureSampler:
         group's alone, chains of many turns drew long answers and the plan on moe_h200 put 6P2D at
         64.2 s and 5P3D at 60.5 s (their runs on the true scripts: 44.7 and 50.1 s); with it, 43.8
         and 51.3 s."""
+        if family in self._recorded:
+            members = self.examples[family][int(rng.integers(len(self.examples[family])))]
+            picks = rng.choice(len(members), size, replace=size > len(members))
+            return [self._recorded_start(family, members[int(i)], first_id + j) for j, i in enumerate(picks)]
         cap = self.max_context[family]
         prompt = min(max(int(draw(self.first_prompts[family], rng)), 1), cap - 1)
         r = min(max(self.turns_group_corr.get(family, 0.0), 0.0), 1.0)
@@ -301,6 +367,57 @@ class FutureSampler:
             level = scale * (shared_level + own * e)
             out.append(self._starting(family, first_id + i, prompt, draw(self.outputs[family], rng), more, level, rng))
         return out
+
+    def _recorded_start(self, family: str, ex: ExampleTrajectory, trajectory_id: int) -> FutureTrajectory:
+        """A trajectory not started yet, as a recorded one ran."""
+        cap = self.max_context[family]
+        prompt = min(max(ex.prompt_tokens, 1), cap - 1)
+        tokens = min(ex.outputs[0], cap - prompt)
+        later = self._recorded_turns(family, ex, 1, prompt + tokens)
+        first = FutureTurn(prompt, 0, tokens, ex.tool_latencies[0] if later else 0.0)
+        return FutureTrajectory(trajectory_id, family, 0.0, [first] + later)
+
+    def _recorded_turns(self, family: str, ex: ExampleTrajectory, k: int, context: int) -> list[FutureTurn]:
+        """A recorded trajectory's turns from turn `k` on, after a turn whose context (prompt + output)
+        is `context` (as later_turns: a tool output that does not fit ends the trajectory)."""
+        cap, out = self.max_context[family], []
+        for j in range(k, len(ex.outputs)):
+            new = max(ex.tool_outputs[j - 1], 1)
+            if context + new + 1 >= cap:
+                break
+            tokens = min(ex.outputs[j], cap - context - new)
+            out.append(FutureTurn(context + new, context, tokens, ex.tool_latencies[j] if j < len(ex.tool_latencies) else 0.0))
+            context += new + tokens
+        if out:
+            out[-1].tool_latency_s = 0.0   # the last turn makes no tool call
+        return out
+
+    def _recorded_live(self, s: TrajectoryState, now: float, tracker: LifecycleTracker, tpot: float,
+                       rng: np.random.Generator, prefix: PrefixTracker, routes: dict[int, Route]):
+        """A live trajectory's rest, as a recorded one that reached the same point went on: one with more
+        turns than it has reached (one more in a tool call) and, in a turn under way, a longer answer
+        than it has generated; among those, weighted by how close their answers so far were to its own
+        (Recorded.weights). None: it has nothing left to run; False: no recorded trajectory reached its
+        point (the distributions then say)."""
+        f, k, tool = s.family, s.turn, s.phase == Phase.TOOL
+        generated = 0 if tool else round(tracker.generated(s, now, tpot))
+        ex = self._recorded[f].pick(k + 1 + tool, None if tool else (k, generated), s.outputs, rng)
+        if ex is None:
+            return False
+        if tool:
+            elapsed = now - s.phase_since
+            ready = sample_excess(self.tool_latency[f], elapsed, rng) - elapsed
+            turns = self._recorded_turns(f, ex, k + 1, s.context + s.outputs[-1])
+            if not turns:
+                return None
+        else:
+            prompt = s.context + int(generated)
+            left = min(max(ex.outputs[k] - int(generated), 1), max(self.max_context[f] - prompt, 1))
+            cached = prompt - (s.appended if s.phase == Phase.QUEUED else 1)
+            later = self._recorded_turns(f, ex, k + 1, prompt + left)
+            turns = [FutureTurn(prompt, max(cached, 0), left, ex.tool_latencies[k] if later else 0.0)] + later
+            ready = 0.0
+        return FutureTrajectory.of_live(s, ready, turns, prefix, routes)
 
     def each_family_alone(self, families: list[str], count: int, first_id: int,
                           rng: np.random.Generator) -> list[list[FutureTrajectory]]:

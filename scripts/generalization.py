@@ -135,6 +135,16 @@ SETTINGS: dict[str, list[str]] = {
     "browse_dense8_sglang_sync": ["workload=browse", "cluster=dense8_h100", "cluster.engine=sglang"],
     "triage_moe_sync": ["workload=trace", "workload.path={traces}/triage.jsonl", "workload.batch_size=64",
                         "cluster=moe_h200"],
+    # Ninth group, chosen and committed before its first run, after Prorsa learned to draw a trace's
+    # recorded trajectories: two more trace families whose turns depend on their position (a coding
+    # agent alternating edits and test runs, then a patch; a research agent whose deep trajectories read
+    # many long pages), and the triage trace on SGLang in async.
+    "coder_dense8_sync": ["workload=trace", "workload.path={traces}/coder.jsonl", "workload.batch_size=64",
+                          "cluster=dense8_h100"],
+    "survey_qwen235_async": ["workload=trace", "workload.path={traces}/survey.jsonl", "workload.batch_size=64",
+                             "cluster=qwen235_h200", "mode=async", "mode.max_in_flight=256"],
+    "triage_sglang_async": ["workload=trace", "workload.path={traces}/triage.jsonl", "workload.batch_size=64",
+                            "cluster=moe_h200_sglang", "mode=async", "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
@@ -152,7 +162,13 @@ def write_traces(directory: Path) -> None:
     - rag_analyst: both of those families in every step, 64 groups of each, alternating;
     - triage (a support-triage agent): a ~1k-token ticket; 40% of trajectories answer at once (~600
       tokens, one turn), the rest investigate: 6-12 turns of ~80-token actions on ~5k-token logs after
-      ~1 s, so a step holds short and long chains of one family."""
+      ~1 s, so a step holds short and long chains of one family;
+    - coder (a coding agent): a ~6k-token task with its files; 3-9 turns alternating an edit (~400
+      tokens, a ~50-token acknowledgement after ~0.1 s) and a test command (~30 tokens, a ~2k-token log
+      after ~4 s), the last turn a ~1.5k-token patch;
+    - survey (a research agent): a ~800-token question; 30% of trajectories go deep (10-16 turns of
+      ~200-token queries on ~6k-token pages), the rest shallow (2-4 turns of ~400 tokens on ~1k-token
+      pages); every trajectory's last turn is a ~2k-token report."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -212,6 +228,37 @@ def write_traces(directory: Path) -> None:
         shared = lognormal(1000, 0.3, 200, 4000)
         rows += [triage(group, shared) for _ in range(8)]
     (directory / "triage.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
+
+    def positional(group: int, family: str, prompt: int, turns: list[tuple[int, int, float]]) -> dict:
+        """A trajectory from its turns' (output, tool output, tool latency), drawn by position."""
+        return chain(group, family, prompt, len(turns), iter(turns).__next__)
+
+    def coder(group: int, prompt: int) -> dict:
+        n = int(rng.integers(3, 10))
+        turns = []
+        for k in range(n - 1):
+            if k % 2 == 0:
+                turns.append((lognormal(400, 0.5, 20, 3000), lognormal(50, 0.3, 5, 400), 0.1 * np.exp(0.3 * rng.standard_normal())))
+            else:
+                turns.append((lognormal(30, 0.4, 5, 200), lognormal(2000, 0.6, 100, 12000), 4.0 * np.exp(0.4 * rng.standard_normal())))
+        return positional(group, "coder", prompt, turns + [(lognormal(1500, 0.4, 200, 6000), 0, 0.0)])
+
+    def survey(group: int, prompt: int) -> dict:
+        deep = rng.random() < 0.3
+        n = int(rng.integers(10, 17)) if deep else int(rng.integers(2, 5))
+        turns = [(lognormal(200, 0.5, 10, 2000), lognormal(6000, 0.4, 1000, 16000), 0.5 * np.exp(0.5 * rng.standard_normal()))
+                 if deep else (lognormal(400, 0.5, 10, 3000), lognormal(1000, 0.5, 100, 6000), 0.5 * np.exp(0.5 * rng.standard_normal()))
+                 for _ in range(n - 1)]
+        return positional(group, "survey", prompt, turns + [(lognormal(2000, 0.4, 200, 8000), 0, 0.0)])
+
+    for name, make, prompt, stream in (("coder", coder, (6000, 0.3, 1000, 20000), 13),
+                                       ("survey", survey, (800, 0.3, 100, 3000), 17)):
+        rng = np.random.default_rng(stream)   # its own stream: added after the others, which stay as they were
+        rows = []
+        for group in range(128):
+            shared = lognormal(*prompt)
+            rows += [make(group, shared) for _ in range(8)]
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
     # both families in every step, alternating groups: 64 of each, the analyst's renumbered
     mixed = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["analyst"][g]] + groups["rag"][g]]
     (directory / "rag_analyst.jsonl").write_text("".join(json.dumps(t) + "\n" for t in mixed))
@@ -232,10 +279,14 @@ def sweep(out: Path, overrides: list[str], seeds: str) -> None:
     fixed = ["policy=fixed_pd", f"policy.num_prefill={splits(overrides)}"]
     runs = [["policy=colocate,prorsa"], fixed]
     if "workload=trace" in overrides:
-        runs = [["policy=colocate"], ["policy=prorsa", "policy.seed=${seed}"], fixed]
+        # a replay's static runs are the same at every seed: run them at the first (table() reuses them)
+        first = f"seed={seeds.split(',')[0]}"
+        runs = [["policy=colocate", first], ["policy=prorsa", "policy.seed=${seed}"], fixed + [first]]
     for policy in runs:
         named = overrides + [o for o in policy if o.startswith("policy.seed=")]   # named by the seed already
-        rc = subprocess.run(cmd + policy + [unnamed(named)], cwd=Path(__file__).parent.parent).returncode
+        seed = [o for o in policy if o.startswith("seed=")]
+        job = [o for o in cmd if not (seed and o.startswith("seed="))] + policy
+        rc = subprocess.run(job + [unnamed(named)], cwd=Path(__file__).parent.parent).returncode
         if rc != 0:
             log.warning("%s: a job failed (exit %d); the others are kept", out.name, rc)
 
@@ -244,8 +295,11 @@ def table(out: Path) -> list[dict]:
     rows = []
     for d in sorted(p for p in out.iterdir() if p.is_dir()):
         runs = [(s.parent.name, json.loads(s.read_text())) for s in d.glob("*/summary.json")]
+        replay = sorted(r["seed"] for _, r in runs if r["workload"] == "trace" and r["policy"] == "colocate")
         for seed in sorted({r["seed"] for _, r in runs}):
             by = {_label(job, r): r for job, r in runs if r["seed"] == seed}
+            if "colocate" not in by and replay:   # a replay's static runs, made at one seed
+                by = {**{_label(job, r): r for job, r in runs if r["seed"] == replay[0]}, **by}
             if "prorsa" not in by or "colocate" not in by:
                 continue
             static = {k: v["rollout_time_s"] for k, v in by.items() if k != "prorsa"}
@@ -281,7 +335,7 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        if any("{traces}" in o for o in overrides) and not (traces / "triage.jsonl").exists():
+        if any("{traces}" in o for o in overrides) and not (traces / "survey.jsonl").exists():
             write_traces(traces)
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)

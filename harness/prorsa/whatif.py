@@ -13,7 +13,8 @@ Only observations go in (nothing of the workload's scripts):
   - its future, sampled from the forecaster's per-family distributions (learned online, priors until
     then): turns left given the turns so far, the rest of the current output given what was generated,
     the rest of a tool call given its elapsed time, and every later turn's output, tool latency and
-    tool output;
+    tool output; on a trace, as one of its recorded trajectories that reached the same point went on
+    (the trace's priors: shapes, never which trajectory runs when);
   - in async mode, new trajectories from the workload's family mix, started as slots free up.
 Common random numbers: every candidate allocation is run on the same sampled futures.
 The run under the current allocation is also the whole-horizon forecast: prefill tokens that become
@@ -125,7 +126,7 @@ class Recorded:
     def pick(self, min_turns: int, under_way: tuple[int, int] | None, observed: list[int],
              rng: np.random.Generator) -> ExampleTrajectory | None:
         """A recorded trajectory with at least `min_turns` turns (and, `under_way` = (turn, generated),
-        an answer at that turn longer than `generated`), drawn with weights `weights`; None if none."""
+        an answer at that turn longer than `generated`), drawn by `weights`; None if there is none."""
         ok = self.turns >= min_turns
         if under_way is not None:
             turn, generated = under_way
@@ -262,8 +263,11 @@ class FutureSampler:
         for s in tracker.live.values():
             f = s.family
             if f in self._recorded:
-                ft = self._recorded_live(s, now, tracker, tpot, rng, prefix, routes)
-                if ft is not False:
+                tool = s.phase == Phase.TOOL
+                generated = 0 if tool else round(tracker.generated(s, now, tpot))
+                ex = self._recorded[f].pick(s.turn + 1 + tool, None if tool else (s.turn, generated), s.outputs, rng)
+                if ex is not None:   # else no recorded trajectory reached its point: the distributions say
+                    ft = self._recorded_rest(s, ex, generated, now, rng, prefix, routes)
                     if ft is not None:
                         futures.append(ft)
                     continue
@@ -392,18 +396,11 @@ class FutureSampler:
             out[-1].tool_latency_s = 0.0   # the last turn makes no tool call
         return out
 
-    def _recorded_live(self, s: TrajectoryState, now: float, tracker: LifecycleTracker, tpot: float,
-                       rng: np.random.Generator, prefix: PrefixTracker, routes: dict[int, Route]):
-        """A live trajectory's rest, as a recorded one that reached the same point went on: one with more
-        turns than it has reached (one more in a tool call) and, in a turn under way, a longer answer
-        than it has generated; among those, weighted by how close their answers so far were to its own
-        (Recorded.weights). None: it has nothing left to run; False: no recorded trajectory reached its
-        point (the distributions then say)."""
+    def _recorded_rest(self, s: TrajectoryState, ex: ExampleTrajectory, generated: int, now: float,
+                       rng: np.random.Generator, prefix: PrefixTracker, routes: dict[int, Route]) -> FutureTrajectory | None:
+        """A live trajectory's rest as the recorded `ex` went on from the same point (Recorded.pick), its
+        turn under way `generated` tokens in; None when nothing is left to run."""
         f, k, tool = s.family, s.turn, s.phase == Phase.TOOL
-        generated = 0 if tool else round(tracker.generated(s, now, tpot))
-        ex = self._recorded[f].pick(k + 1 + tool, None if tool else (k, generated), s.outputs, rng)
-        if ex is None:
-            return False
         if tool:
             elapsed = now - s.phase_since
             ready = sample_excess(self.tool_latency[f], elapsed, rng) - elapsed

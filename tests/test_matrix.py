@@ -66,6 +66,11 @@ def test_priors_cover_every_family_drawn(workload, trace):
             if isinstance(prior, float):   # the share of output length a trajectory's turns share
                 assert 0 <= prior <= 1
                 continue
+            if isinstance(prior, tuple):   # recorded trajectories in their groups (a trace's)
+                assert all(len(x.tool_outputs) == len(x.tool_latencies) == len(x.outputs) - 1
+                           for group in prior for x in group)
+                assert bool(prior) == (workload == "trace")
+                continue
             assert prior.median >= 0 and prior.sigma >= 0
 
 

@@ -198,3 +198,16 @@ def test_sglang_launch_command():
     assert "--disaggregation-bootstrap-port 9001" in s and "--tp-size 4" in s
     assert "--disaggregation-transfer-backend nixl" in s
     assert "--disaggregation-mode null" in " ".join(sglang_argv(cfg, cluster, Role.COLOCATED, 9001))
+
+
+def test_a_completed_turn_is_not_handed_back_by_a_later_failure():
+    """Real-engine backends (the base every backend shares): a failure of an engine hands back the turns
+    with a leg on it, not one handed back already, and not one whose DECODE_END is out (its job stays
+    among the backend's jobs until its task's done-callback runs)."""
+    from harness.api import Route, TurnRequest
+    from harness.engines.base import Job
+    job = Job(TurnRequest(trajectory_id=1, group_id=0, turn=0, family="f", prompt_tokens=10, appended_tokens=10,
+                          max_output_tokens=5, output_tokens=5, t_ready=0.0), Route(0, 1), attempt=0)
+    assert job.lost_with(0) and job.lost_with(1) and not job.lost_with(2)
+    job.completed = True
+    assert not job.lost_with(0) and not job.lost_with(1)

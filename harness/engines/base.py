@@ -91,10 +91,18 @@ class Job:
     task: asyncio.Task | None = None
     inbound: bool = False          # counted as inbound on the decode engine (prefill not done)
     handed_back: bool = False
+    completed: bool = False        # its DECODE_END is out: a failure found later does not hand it back
     pre_leg: Leg | None = None     # the first leg, registered on its engine at submit()
 
     def engines(self) -> set[int]:
         return {self.route.prefill_engine, self.route.decode_engine}
+
+    def lost_with(self, engine_id: int) -> bool:
+        """Whether a failure of `engine_id` hands this turn back: it has a leg there and has neither been
+        handed back nor completed. A completed job stays in the backend's jobs until its task's
+        done-callback runs; handing it back then ran the turn twice (measured under load: 974 of 960
+        trajectories completed in a fault-injection rollout)."""
+        return engine_id in self.engines() and not self.handed_back and not self.completed
 
 
 @dataclass
@@ -450,6 +458,7 @@ class HttpBackendBase:
         await self._ready.wait()          # turns submitted before run() wait for the HTTP session
         try:
             await self._serve_turn(job)
+            job.completed = True
         except EngineGone as gone:
             job.handed_back = True
             log.warning("engine %d gone (%s); trajectory %d turn %d handed back", gone.engine_id, gone.reason,
@@ -501,7 +510,7 @@ class HttpBackendBase:
         self.timeline.enter(e.engine_id, self.now(), e.role, "failed")
         self._emit(LifecycleEvent(K.ENGINE_FAILED, self.now(), engine_id=engine_id, detail=reason[:200]))
         for job in list(self._jobs):
-            if job is not exclude and engine_id in job.engines() and not job.handed_back:
+            if job is not exclude and job.lost_with(engine_id):
                 job.handed_back = True
                 job.task.cancel()
         self._pending += 1

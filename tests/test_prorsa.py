@@ -1,6 +1,5 @@
 """Prorsa on hand-made lifecycles: the tracker, the sampled futures (multi-turn forecasts), forecast
 error bookkeeping, the what-if performance model against measured runs, the planner and the switcher."""
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -754,27 +753,6 @@ def test_whatif_switch_waits_for_the_turn_running_on_the_engine():
     # the answer alone takes this long: the drain is its decode, not an instant
     alone = WhatIf(cluster, 5, 4.0).run([running], now, now).ends[0]
     assert ends[0] == pytest.approx(alone, rel=0.01) and alone > 10
-
-
-def test_whatif_warms_the_caches_least_recently_used_first():
-    """Three 150k-token prefixes on one engine that holds ~363k tokens: a trajectory in a tool call
-    since t=10, one since t=20, and one decoding (its KV held by the running turn). An LRU cache (vLLM's
-    free block queue) keeps the running one's and the newer idle one's, and the what-if warms its
-    caches so, whatever order the futures come in. Measured on the analyst trace on dense8_h100 in
-    async at 300 s (KV full, 129 turns decoding): warmed in the futures' order the what-if lost running
-    turns' prefixes and had 6 turns decoding 2 s later; least recently used first, 111."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
-    from harness.sim.backend import SimBackend
-    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=1"])
-    backend = SimBackend(cluster, [Role.COLOCATED])
-    kv = backend.engines[0].scheduler.ranks[0].kv
-    assert 300_000 < kv.capacity < 450_000
-
-    def future(tid, used, running):
-        return FutureTrajectory(tid, "f", 0.0, [FutureTurn(150_001, 150_000, 10, 0.0)], decode_engine=0,
-                                in_progress=running, prefix_used_at=used)
-    WhatIf._warm_caches(backend, [future(3, math.inf, True), future(1, 10.0, False), future(2, 20.0, False)])
-    assert set(kv.cache) == {2, 3}
 
 
 def test_whatif_keeps_a_queued_turn_where_the_router_sent_it(monkeypatch):

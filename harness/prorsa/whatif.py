@@ -58,7 +58,6 @@ class FutureTrajectory:
     prefilled: bool = False             # that turn's prefill is done (it decodes, or its KV is in transit)
     first_turn: int = 0                 # the trajectory's turn index of turns[0]
     context: int = 0                    # prompt tokens of its present turn (0: not started)
-    prefix_used_at: float = 0.0         # when its cached prefix was last in use (inf: its turn runs now)
 
     @classmethod
     def of_live(cls, s: TrajectoryState, ready_s: float, turns: list[FutureTurn], prefix: PrefixTracker,
@@ -66,16 +65,9 @@ class FutureTrajectory:
         """A live trajectory's future from its observed state: where its KV lives and, for a turn under
         way, where the router sent it and whether its prefill is done."""
         tid = s.trajectory_id
-        if s.phase in RUNNING:
-            used = math.inf
-        elif s.phase == Phase.QUEUED and s.tool_latencies:   # cached when its last turn ended
-            used = s.phase_since - s.tool_latencies[-1]
-        else:
-            used = s.phase_since
         return cls(tid, s.family, ready_s, turns, prefix.decode_engine.get(tid), prefix.prefill_engine.get(tid),
                    in_progress=s.phase != Phase.TOOL, route=routes.get(tid) if s.phase in ROUTED else None,
-                   prefilled=s.phase in PREFILLED, first_turn=s.turn + (s.phase == Phase.TOOL), context=s.context,
-                   prefix_used_at=used)
+                   prefilled=s.phase in PREFILLED, first_turn=s.turn + (s.phase == Phase.TOOL), context=s.context)
 
 
 @dataclass
@@ -110,7 +102,6 @@ def draw(values: np.ndarray, rng: np.random.Generator) -> float:
 # 177.3 s.
 ROUTED = (Phase.QUEUED, Phase.PREFILLING, Phase.TRANSFERRING, Phase.DECODING)
 PREFILLED = (Phase.TRANSFERRING, Phase.DECODING)
-RUNNING = (Phase.PREFILLING, Phase.TRANSFERRING, Phase.DECODING)   # admitted: the engine holds its KV
 MAX_SHARED = 0.95   # keeps some turn-to-turn spread when the data say a trajectory's turns are alike
 
 
@@ -659,7 +650,7 @@ class WhatIf:
         placed, arriving = [], []
         for ft in futures:
             (placed if _on_engines(ft, roles_now) else arriving).append(ft)
-        for ft in sorted(placed, key=lambda ft: ft.prefix_used_at != math.inf):   # the admitted ones first
+        for ft in placed:
             run.place(ft)
         backend.call_later(0.0, partial(_switch, backend, roles_now, roles))
         for ft in arriving:
@@ -691,14 +682,9 @@ class WhatIf:
         Before, rank = trajectory id mod ranks: trajectories routed to one engine often share that
         residue, and on 4 engines of DP8 a sync step of 8,000-token answers put every prefix on 2 of
         an engine's 8 ranks; the what-if on the true scripts then predicted colocation's step at
-        2,176 s where the forked run took 1,223 s. Warmed least recently used first, the running turns'
-        last, so that where the prefixes outgrow an engine's memory it keeps what an LRU cache keeps
-        (vLLM's free block queue evicts the least recently used block); the running turns then are
-        placed first, as the engines hold them. Measured on the analyst trace on dense8_h100 in async
-        at 300 s (KV full, 129 turns decoding): warmed in the futures' order the what-if lost running
-        turns' prefixes to idle ones and had 6 turns decoding 2 s later; warmed so, 111."""
+        2,176 s where the forked run took 1,223 s."""
         placed: dict[int, list[int]] = {}
-        for ft in sorted(futures, key=lambda ft: ft.prefix_used_at):   # least recently used first
+        for ft in futures:
             cached = ft.turns[0].cached_tokens
             if not cached:
                 continue

@@ -222,12 +222,6 @@ def write_traces(directory: Path) -> None:
             shared = lognormal(*prompt)
             groups[name].append([make(group, shared) for _ in range(8)])
         (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for g in groups[name] for t in g))
-    rng = np.random.default_rng(11)   # its own stream: added after the others, which stay as they were
-    rows = []
-    for group in range(128):
-        shared = lognormal(1000, 0.3, 200, 4000)
-        rows += [triage(group, shared) for _ in range(8)]
-    (directory / "triage.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
 
     def positional(group: int, family: str, prompt: int, turns: list[tuple[int, int, float]]) -> dict:
         """A trajectory from its turns' (output, tool output, tool latency), drawn by position."""
@@ -251,9 +245,10 @@ def write_traces(directory: Path) -> None:
                  for _ in range(n - 1)]
         return positional(group, "survey", prompt, turns + [(lognormal(2000, 0.4, 200, 8000), 0, 0.0)])
 
-    for name, make, prompt, stream in (("coder", coder, (6000, 0.3, 1000, 20000), 13),
+    for name, make, prompt, stream in (("triage", triage, (1000, 0.3, 200, 4000), 11),
+                                       ("coder", coder, (6000, 0.3, 1000, 20000), 13),
                                        ("survey", survey, (800, 0.3, 100, 3000), 17)):
-        rng = np.random.default_rng(stream)   # its own stream: added after the others, which stay as they were
+        rng = np.random.default_rng(stream)   # each its own stream: added after the others, which stay as they were
         rows = []
         for group in range(128):
             shared = lognormal(*prompt)

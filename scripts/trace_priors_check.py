@@ -67,15 +67,17 @@ def check(trace: str, prior: str | None, overrides: list[str], samples: int) -> 
     families = sorted(run.priors)
     weights = [run.weights.get(f, 0.0) or 1e-9 for f in families]
     step = true_futures(workload.batch(0))
+    drawn = {}   # every allocation runs on the same sampled steps (as a plan's candidates do)
+    for name, sampler in samplers.items():
+        rng = np.random.default_rng(0)
+        drawn[name] = [sampler.new(families, weights, len(step), 0, rng, run.group_size) for _ in range(samples)]
     whatif, n = WhatIf(cluster, 5, 4.0), cluster.num_engines
     rows = {}
     for k in [COLOCATED, *range(1, n)]:
         roles = roles_for(k, n)
         rows[k] = {"true scripts": whatif.run([], roles, roles, step, len(step)).completion_s}
-        for name, sampler in samplers.items():
-            rng = np.random.default_rng(0)
-            drawn = [sampler.new(families, weights, len(step), 0, rng, run.group_size) for _ in range(samples)]
-            rows[k][name] = float(np.mean([whatif.run([], roles, roles, d, len(d)).completion_s for d in drawn]))
+        for name, steps in drawn.items():
+            rows[k][name] = float(np.mean([whatif.run([], roles, roles, d, len(d)).completion_s for d in steps]))
     cols = ["true scripts", *samplers]
     lines = [f"{trace} (priors from {prior or 'itself'}), step time (s):", "",
              "| allocation | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]

@@ -168,10 +168,11 @@ class TraceWorkload:
         self.group_size = len(self.groups[0])
         if self.batch_size is None:
             self.batch_size = len(self.groups)
-        missing = {s.family for g in self.groups for s in g} - {s.family for g in self.prior_groups for s in g}
-        if missing:
-            raise TraceError(f"{self.prior_path}: workload.prior_path has no trajectory of the replayed "
-                             f"families {sorted(missing)}")
+        if self.prior_path is not None:
+            missing = {s.family for g in self.groups for s in g} - {s.family for g in self.prior_groups for s in g}
+            if missing:
+                raise TraceError(f"{self.prior_path}: workload.prior_path has no trajectory of the replayed "
+                                 f"families {sorted(missing)}")
 
     def priors(self) -> dict[str, FamilyPriors]:
         by_family: dict[str, list[TrajectoryScript]] = {}

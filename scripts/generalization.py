@@ -145,6 +145,21 @@ SETTINGS: dict[str, list[str]] = {
                              "cluster=qwen235_h200", "mode=async", "mode.max_in_flight=256"],
     "triage_sglang_async": ["workload=trace", "workload.path={traces}/triage.jsonl", "workload.batch_size=64",
                             "cluster=moe_h200_sglang", "mode=async", "mode.max_in_flight=256"],
+    # Tenth group, chosen and committed before its first run: a verifier agent (a trace family whose
+    # first turn is a long solution and whose later turns are short checks on long checker reports) on
+    # the paper-kind DeepSeek-V3 cluster in sync and on dense engines with kv_both switching in async; a
+    # tool-bound synthetic run in async (15-s tools: little for any split to gain); browsing on six
+    # engines with SGLang's mixed chunks.
+    "verifier_deepseek_sync": ["workload=trace", "workload.path={traces}/verifier.jsonl", "workload.batch_size=64",
+                               "cluster=deepseek_v3_h200"],
+    "verifier_dense8_kvboth_async": ["workload=trace", "workload.path={traces}/verifier.jsonl",
+                                     "workload.batch_size=64", "cluster=dense8_h100",
+                                     "cluster.switch_mechanism=kv_both", "mode=async", "mode.max_in_flight=256"],
+    "synth_toolbound_moe_async": ["workload=synthetic", "cluster=moe_h200", "mode=async", "mode.max_in_flight=256",
+                                  "workload.batch_size=32", "workload.tool_latency.0.median=15",
+                                  "workload.tool_output.median=1500", "workload.output.median=300"],
+    "browse_moe6_mixedchunk_sync": ["workload=browse", "cluster=moe_h200_sglang", "cluster.num_engines=6",
+                                    "cluster.enable_mixed_chunk=true"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
@@ -168,7 +183,10 @@ def write_traces(directory: Path) -> None:
       after ~4 s), the last turn a ~1.5k-token patch;
     - survey (a research agent): a ~800-token question; 30% of trajectories go deep (10-16 turns of
       ~200-token queries on ~6k-token pages), the rest shallow (2-4 turns of ~400 tokens on ~1k-token
-      pages); every trajectory's last turn is a ~2k-token report."""
+      pages); every trajectory's last turn is a ~2k-token report;
+    - verifier (a solve-then-check agent): a ~1.5k-token problem; a ~2.5k-token solution first, then 2-6
+      checks of ~100 tokens, each answered by a ~3k-token checker report after ~1.5 s, and a ~300-token
+      final answer."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -245,9 +263,16 @@ def write_traces(directory: Path) -> None:
                  for _ in range(n - 1)]
         return positional(group, "survey", prompt, turns + [(lognormal(2000, 0.4, 200, 8000), 0, 0.0)])
 
+    def verifier(group: int, prompt: int) -> dict:
+        report = lambda: (lognormal(3000, 0.5, 200, 12000), 1.5 * np.exp(0.5 * rng.standard_normal()))  # noqa: E731
+        turns = [(lognormal(2500, 0.5, 200, 12000), *report())]
+        turns += [(lognormal(100, 0.5, 10, 800), *report()) for _ in range(int(rng.integers(2, 7)))]
+        return positional(group, "verifier", prompt, turns + [(lognormal(300, 0.4, 20, 2000), 0, 0.0)])
+
     for name, make, prompt, stream in (("triage", triage, (1000, 0.3, 200, 4000), 11),
                                        ("coder", coder, (6000, 0.3, 1000, 20000), 13),
-                                       ("survey", survey, (800, 0.3, 100, 3000), 17)):
+                                       ("survey", survey, (800, 0.3, 100, 3000), 17),
+                                       ("verifier", verifier, (1500, 0.3, 300, 5000), 19)):
         rng = np.random.default_rng(stream)   # each its own stream: added after the others, which stay as they were
         rows = []
         for group in range(128):
@@ -330,7 +355,7 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        if any("{traces}" in o for o in overrides) and not (traces / "survey.jsonl").exists():
+        if any("{traces}" in o for o in overrides) and not (traces / "verifier.jsonl").exists():
             write_traces(traces)
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)

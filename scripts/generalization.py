@@ -160,6 +160,18 @@ SETTINGS: dict[str, list[str]] = {
                                   "workload.tool_output.median=1500", "workload.output.median=300"],
     "browse_moe6_mixedchunk_sync": ["workload=browse", "cluster=moe_h200_sglang", "cluster.num_engines=6",
                                     "cluster.enable_mixed_chunk=true"],
+    # Eleventh group, chosen and committed before its first run: a trace whose family flips every batch
+    # (retrieval, then a math solver, twice) replayed in async with kv_both switching, where no mix is
+    # declared per batch; the research agent's long contexts on dense engines in sync (KV-bound); the
+    # verifier on 16 dense engines (15 splits); SWE on four DeepSeek-V3 engines.
+    "flip_rag_solver_kvboth_async": ["workload=trace", "workload.path={traces}/flip_rag_solver.jsonl",
+                                     "workload.batch_size=32", "cluster=moe_h200", "cluster.switch_mechanism=kv_both",
+                                     "mode=async", "mode.num_steps=4", "mode.max_in_flight=256"],
+    "survey_dense8_sync": ["workload=trace", "workload.path={traces}/survey.jsonl", "workload.batch_size=64",
+                           "cluster=dense8_h100"],
+    "verifier_dense16_sync": ["workload=trace", "workload.path={traces}/verifier.jsonl", "workload.batch_size=64",
+                              "cluster=dense8_h100", "cluster.num_engines=16"],
+    "swe_deepseek4_sync": ["workload=swe", "cluster=deepseek_v3_h200", "cluster.num_engines=4"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
@@ -186,7 +198,11 @@ def write_traces(directory: Path) -> None:
       pages); every trajectory's last turn is a ~2k-token report;
     - verifier (a solve-then-check agent): a ~1.5k-token problem; a ~2.5k-token solution first, then 2-6
       checks of ~100 tokens, each answered by a ~3k-token checker report after ~1.5 s, and a ~300-token
-      final answer."""
+      final answer;
+    - solver (a math agent with an interpreter): a ~400-token problem; 1-3 turns of ~3k-token reasoning,
+      each followed by a ~100-token interpreter result after ~1 s;
+    - flip_rag_solver: 32 groups of rag, 32 of solver, 32 of rag, 32 of solver (other groups of each),
+      so that with batch_size=32 the family flips every batch."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -269,19 +285,30 @@ def write_traces(directory: Path) -> None:
         turns += [(lognormal(100, 0.5, 10, 800), *report()) for _ in range(int(rng.integers(2, 7)))]
         return positional(group, "verifier", prompt, turns + [(lognormal(300, 0.4, 20, 2000), 0, 0.0)])
 
+    def solver(group: int, prompt: int) -> dict:
+        def draw():
+            return lognormal(3000, 0.5, 200, 16000), lognormal(100, 0.5, 5, 1000), np.exp(0.4 * rng.standard_normal())
+        return chain(group, "solver", prompt, int(rng.integers(1, 4)), draw)
+
     for name, make, prompt, stream in (("triage", triage, (1000, 0.3, 200, 4000), 11),
                                        ("coder", coder, (6000, 0.3, 1000, 20000), 13),
                                        ("survey", survey, (800, 0.3, 100, 3000), 17),
-                                       ("verifier", verifier, (1500, 0.3, 300, 5000), 19)):
+                                       ("verifier", verifier, (1500, 0.3, 300, 5000), 19),
+                                       ("solver", solver, (400, 0.3, 50, 2000), 23)):
         rng = np.random.default_rng(stream)   # each its own stream: added after the others, which stay as they were
         rows = []
         for group in range(128):
             shared = lognormal(*prompt)
             rows += [make(group, shared) for _ in range(8)]
+        groups[name] = [rows[8 * g:8 * g + 8] for g in range(128)]
         (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
     # both families in every step, alternating groups: 64 of each, the analyst's renumbered
     mixed = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["analyst"][g]] + groups["rag"][g]]
     (directory / "rag_analyst.jsonl").write_text("".join(json.dumps(t) + "\n" for t in mixed))
+    # the family flips every 32 groups: rag 0-31, solver 0-31 (renumbered), rag 32-63, solver 32-63
+    flip = [dict(t, group=g + 1000 * (name == "solver")) for block in range(2) for name in ("rag", "solver")
+            for g in range(32 * block, 32 * block + 32) for t in groups[name][g]]
+    (directory / "flip_rag_solver.jsonl").write_text("".join(json.dumps(t) + "\n" for t in flip))
 
 
 def splits(overrides: list[str]) -> str:
@@ -355,7 +382,7 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        if any("{traces}" in o for o in overrides) and not (traces / "verifier.jsonl").exists():
+        if any("{traces}" in o for o in overrides) and not (traces / "flip_rag_solver.jsonl").exists():
             write_traces(traces)
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)

@@ -177,8 +177,8 @@ ENGINES = 8  # every cluster preset's size; a setting may override it with clust
 
 
 def write_traces(directory: Path) -> None:
-    """Three agent families as JSONL traces (workloads/trace.py), 128 prompts x 8 samples each, a prompt's
-    samples sharing it, and one trace of two of them; illustrative shapes, not fitted to anything:
+    """Agent families as JSONL traces (workloads/trace.py), 128 prompts x 8 samples each, a prompt's
+    samples sharing it, and two traces that mix them; illustrative shapes, not fitted to anything:
     - analyst (a data-analysis agent): a 2,500-token task; per turn a short tool call (~60 tokens, 70%)
       or a long analysis (~900 tokens, 30%), then a table of ~2,500 tokens after ~2 s; 2-14 turns
       (1 + geometric(0.15), capped), so values pile up at the cap: multimodal outputs and turn counts;

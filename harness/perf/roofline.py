@@ -238,7 +238,7 @@ class RooflineCostModel:
             comm = [self._tp_fixed + self._tp_s_per_token * float(n) if n > 0 else 0.0 for n in seqs]
             extra = comm[0]
             if any(x != extra for x in comm):
-                return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
+                return self._span_ends_by_rank(seqs, ctx, steps, graph, start)
         g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
                            self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
         # Memory-bound with a margin (1e-7) far above rounding at the span's step closest to compute-bound
@@ -252,7 +252,7 @@ class RooflineCostModel:
             for j in at:
                 c = c0 + j * last * n
                 if not g * n + a * c < (w + kv * c) * ms * scale:
-                    return self._span_ends_vectorised(seqs, ctx, steps, graph, start)
+                    return self._span_ends_by_rank(seqs, ctx, steps, graph, start)
             if c0 > top_c or (c0 == top_c and n > top_n):
                 top_n, top_c = n, c0
             if n > most:
@@ -286,11 +286,11 @@ class RooflineCostModel:
                     append(t)
         return ends
 
-    def _span_ends_vectorised(self, seqs: list[int], ctx: list[int], steps: int, graph: bool,
+    def _span_ends_by_rank(self, seqs: list[int], ctx: list[int], steps: int, graph: bool,
                               start: float) -> list[float]:
         """Any span, every rank at every step: with numpy, or for a short span (ranks x steps <=
         `_PYTHON_CELLS`) the same float operations in the same order in Python, where numpy's per-call
-        cost (~30 us) is most of the work. On DeepSeek-V3 engines (TP4 x DP4, ranks with unequal
+        cost (~15 us) is most of the work. On DeepSeek-V3 engines (TP4 x DP4, ranks with unequal
         all-reduce times) a Prorsa run's what-if makes ~700k such calls."""
         if steps * len(seqs) > _PYTHON_CELLS:
             times = self.decode_step_times(np.array(seqs), np.array(ctx), steps, graph)
@@ -317,7 +317,7 @@ class RooflineCostModel:
         return ends
 
 _VECTOR_STEPS = 64   # a span segment at least this long is computed with numpy (per-call cost ~ 60 steps)
-_PYTHON_CELLS = 96   # a whole span of at most this many rank-steps is computed without numpy (numpy ~15 us a call, Python ~0.13 us a rank-step)
+_PYTHON_CELLS = 96   # a span of at most this many rank-steps is timed without numpy (~0.13 us a rank-step)
 
 
 def _upper_envelope(seqs: list[int], ctx: list[int], steps: int) -> list[tuple[int, int, int, int]]:

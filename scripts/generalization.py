@@ -280,7 +280,8 @@ def write_traces(directory: Path) -> None:
         return positional(group, "survey", prompt, turns + [(lognormal(2000, 0.4, 200, 8000), 0, 0.0)])
 
     def verifier(group: int, prompt: int) -> dict:
-        report = lambda: (lognormal(3000, 0.5, 200, 12000), 1.5 * np.exp(0.5 * rng.standard_normal()))  # noqa: E731
+        def report():   # a checker report's tokens and latency
+            return lognormal(3000, 0.5, 200, 12000), 1.5 * np.exp(0.5 * rng.standard_normal())
         turns = [(lognormal(2500, 0.5, 200, 12000), *report())]
         turns += [(lognormal(100, 0.5, 10, 800), *report()) for _ in range(int(rng.integers(2, 7)))]
         return positional(group, "verifier", prompt, turns + [(lognormal(300, 0.4, 20, 2000), 0, 0.0)])

@@ -172,6 +172,18 @@ SETTINGS: dict[str, list[str]] = {
     "verifier_dense16_sync": ["workload=trace", "workload.path={traces}/verifier.jsonl", "workload.batch_size=64",
                               "cluster=dense8_h100", "cluster.num_engines=16"],
     "swe_deepseek4_sync": ["workload=swe", "cluster=deepseek_v3_h200", "cluster.num_engines=4"],
+    # Twelfth group, chosen and committed before its first run: the flipping trace in sync (each step
+    # one family, the next step's undeclared) and in async with SGLang's drain switch; the verifier on
+    # the paper-kind Qwen3-235B cluster in async.
+    "flip_rag_solver_sync": ["workload=trace", "workload.path={traces}/flip_rag_solver.jsonl",
+                             "workload.batch_size=32", "cluster=moe_h200", "cluster.switch_mechanism=kv_both",
+                             "mode.num_steps=4"],
+    "flip_rag_solver_drain_sglang_async": ["workload=trace", "workload.path={traces}/flip_rag_solver.jsonl",
+                                           "workload.batch_size=32", "cluster=moe_h200_sglang",
+                                           "cluster.switch_mechanism=drain", "mode=async", "mode.num_steps=4",
+                                           "mode.max_in_flight=256"],
+    "verifier_qwen235_async": ["workload=trace", "workload.path={traces}/verifier.jsonl", "workload.batch_size=64",
+                               "cluster=qwen235_h200", "mode=async", "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 

@@ -7,6 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from harness.api import EventKind
 from harness.cluster import cluster_from_config
 from harness.experiment import lifecycle_frame, run_rollout
 
@@ -38,26 +39,30 @@ def cluster_of(overrides: list[str]):
 
 
 class SwitchAt:
-    """Test policy: starts with `initial` roles and, once the clock reaches `at_s`, asks for `switch`
-    (engine -> role); routes to whatever roles exist (route_by_role)."""
+    """Test policy: starts with `initial` roles and, once the clock reaches `at_s` and `after_turns`
+    turns have ended, asks for `switch` (engine -> role); routes to whatever roles exist
+    (route_by_role). On real servers a switch set by progress, not by the clock, lands mid-rollout
+    however fast the machine runs."""
 
     name = "switch_at"
 
-    def __init__(self, initial: list, switch: dict, at_s: float, control_interval_s: float):
+    def __init__(self, initial: list, switch: dict, at_s: float, control_interval_s: float, after_turns: int = 0):
         from harness.routing import PrefixTracker
-        self.initial, self.switch, self.at_s = initial, switch, at_s
+        self.initial, self.switch, self.at_s, self.after_turns = initial, switch, at_s, after_turns
         self.control_interval_s = control_interval_s
         self.prefix = PrefixTracker()
         self.asked = False
+        self.turns_ended = 0
 
     def initial_roles(self, cluster, run):
         return list(self.initial)
 
     def observe(self, event):
         self.prefix.observe(event)
+        self.turns_ended += event.kind == EventKind.DECODE_END
 
     def plan(self, view):
-        if self.asked or view.now < self.at_s:
+        if self.asked or view.now < self.at_s or self.turns_ended < self.after_turns:
             return None
         self.asked = True
         return dict(self.switch)

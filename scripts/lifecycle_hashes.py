@@ -1,7 +1,8 @@
 """Lifecycle parquet hashes of a fixed set of simulator configurations.
 
 `python scripts/lifecycle_hashes.py --write` records them in results/reference/lifecycle_hashes.json;
-without `--write` it reruns the set and reports every configuration whose lifecycle changed. A change to
+without `--write` it reruns the set and reports every configuration whose lifecycle changed; `--print`
+prints them (tests/test_native.py compares the compiled simulator's with the sources'). A change to
 the simulator that must not move any result (a refactoring) keeps every hash.
 """
 from __future__ import annotations
@@ -57,8 +58,12 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="record the hashes instead of checking them")
+    ap.add_argument("--print", action="store_true", help="print the hashes (JSON) instead of checking them")
     args = ap.parse_args()
     hashes = {name: lifecycle_hash(ov) for name, ov in CONFIGS.items()}
+    if args.print:
+        print(json.dumps(hashes, indent=1))
+        return 0
     if args.write:
         REFERENCE.write_text(json.dumps(hashes, indent=2) + "\n")
         logging.info("wrote %d hashes to %s", len(hashes), REFERENCE.relative_to(ROOT))

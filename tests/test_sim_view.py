@@ -98,6 +98,7 @@ def test_the_simulator_builds_the_same_lifecycle_events():
     assert a.__dict__ == b.__dict__ and list(a.__dict__) == list(b.__dict__)
 
 
+@pytest.mark.sources
 @pytest.mark.parametrize("case", ["fixed_pd-tight", "colocate-tight", "switch-drain-sglang", "switch-reshard"])
 def test_engine_bookkeeping_matches_the_queues_and_caches(small, case, monkeypatch):
     """What the engines keep to avoid looking into their queues and caches (each trajectory's prefix

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 
-def prefill_attn_ctx(new: int, cached: int) -> float:
+def prefill_attn_ctx(new: float, cached: float) -> float:
     """The attention work of prefilling `new` tokens after `cached` ones: each new token attends to the
     cached ones and to the new ones before it, new * (cached + (new - 1) / 2) context tokens in all."""
     return new * (cached + (new - 1) / 2)

@@ -14,7 +14,8 @@ import json
 import numpy as np
 
 from harness.perf.cost_model import prefill_attn_ctx
-from harness.perf.roofline import RankBatch, RooflineCostModel
+from harness.perf.catalogue import GPUSpec, ModelSpec
+from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
 from harness.stats import nnls
 
 
@@ -31,12 +32,13 @@ def fit_profile(profile: dict) -> dict[str, float]:
 
 
 class ProfiledCostModel(RooflineCostModel):
-    def __init__(self, coefficients: dict[str, float], *args):
-        super().__init__(*args)
+    def __init__(self, coefficients: dict[str, float], model: ModelSpec, gpu: GPUSpec, perf: PerfConstants,
+                 par: Parallelism):
+        super().__init__(model, gpu, perf, par)
         self.k = coefficients
 
     @classmethod
-    def from_file(cls, path: str, model, gpu, perf, par) -> ProfiledCostModel:
+    def from_file(cls, path: str, model: ModelSpec, gpu: GPUSpec, perf: PerfConstants, par: Parallelism) -> ProfiledCostModel:
         with open(path) as f:
             return cls(fit_profile(json.load(f)), model, gpu, perf, par)
 

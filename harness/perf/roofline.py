@@ -16,9 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mypy_extensions import mypyc_attr
+
 from harness.perf.catalogue import BYTES_PER_PARAM, GPUSpec, ModelSpec
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class Parallelism:
     """tp: tensor parallel size inside one attention rank; dp: attention data-parallel ranks;
@@ -33,6 +36,7 @@ class Parallelism:
         return self.tp * self.dp
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class PerfConstants:
     gemm_mfu: float
@@ -45,6 +49,7 @@ class PerfConstants:
     nic_efficiency: float
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class RankBatch:
     """The work one attention rank does in one step."""
@@ -61,6 +66,7 @@ class RankBatch:
         return self.decode_seqs + self.prefill_tokens
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class RooflineCostModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, perf: PerfConstants, par: Parallelism):
         self.model, self.gpu, self.perf, self.par = model, gpu, perf, par
@@ -144,14 +150,14 @@ class RooflineCostModel:
         A step runs as a CUDA graph when no rank prefills and `graph` (the batch fits the graph)."""
         tokens = requests = 0
         eager = not graph
-        slowest = None
+        slowest = 0.0
         for r in ranks:   # one pass: the simulator calls this for every step that prefills
             tokens += r.decode_seqs + r.prefill_tokens
             requests += r.requests
             if r.prefill_tokens:
                 eager = True
             t = self.rank_time(r)
-            if slowest is None or t > slowest:
+            if t > slowest:
                 slowest = t
         return slowest + self.moe_time(tokens) + self._fixed(requests, eager)
 
@@ -165,7 +171,7 @@ class RooflineCostModel:
         tp_fixed, tp_token = self._tp_fixed, self._tp_s_per_token
         total = requests = 0
         eager = not graph
-        slowest = None
+        slowest = 0.0
         k, nxt = 0, prefill[0][0] if prefill else -1
         for r, (n, c) in enumerate(zip(seqs, ctx)):
             if r == nxt:
@@ -183,7 +189,7 @@ class RooflineCostModel:
             compute = g * tokens + a * (c + attn_ctx)
             memory = (w + kv * (c + kv_read)) * ms
             t = max(compute, memory) + (tp_fixed + tp_token * tokens if tokens else 0.0)
-            if slowest is None or t > slowest:
+            if t > slowest:
                 slowest = t
         return slowest + self.moe_time(total) + self._fixed(requests, eager)
 
@@ -218,13 +224,13 @@ class RooflineCostModel:
         the same order, so the same bits, at a fraction of numpy's per-call cost."""
         g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
                            self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
-        slowest = None
+        slowest = 0.0
         for n, c in zip(seqs, ctx):
             nf, cf = float(n), float(c)
             compute = g * nf + a * cf
             memory = (w + kv * cf) * ms
             t = (compute if compute > memory else memory) + (self._tp_fixed + self._tp_s_per_token * nf if n > 0 else 0.0)
-            if slowest is None or t > slowest:
+            if t > slowest:
                 slowest = t
         return slowest + self._decode_shared(sum(seqs), graph)
 
@@ -264,7 +270,7 @@ class RooflineCostModel:
         if most > top_n:   # a rank with more sequences may overtake it
             segments = _upper_envelope(seqs, ctx, steps)
         else:
-            segments = ((0, steps, top_n, top_c),)
+            segments = [(0, steps, top_n, top_c)]
         ends: list[float] = []
         append = ends.append
         t = start
@@ -304,13 +310,13 @@ class RooflineCostModel:
         t = start
         for j in range(steps):
             jf = float(j)
-            slowest = None
+            slowest = 0.0
             for nf, cf, comm in ranks:
                 c = cf + jf * nf
                 compute = g * nf + a * c
                 memory = (w + kv * c) * ms
                 x = (compute if compute > memory else memory) + comm
-                if slowest is None or x > slowest:
+                if x > slowest:
                     slowest = x
             t += slowest + shared
             ends.append(t)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import gc
 import heapq
-import io
-import pickle
+import operator
 from contextlib import contextmanager
 from dataclasses import fields
 from functools import partial
 from typing import Callable, Iterable, Iterator
+
+from mypy_extensions import mypyc_attr
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig, parallel_cost_model
@@ -26,6 +27,7 @@ from harness.perf.roofline import Parallelism
 from harness.routing import EngineList, decode_load, prefill_load, request_load
 from harness.sim.clock import EventLoop
 from harness.sim.engine import EngineConfig, SimEngine
+from harness.sim.graph_copy import pickled, unpickled
 from harness.sim.scheduler import HandOff, Leg, PullKV, Report, Scheduler, SchedulerConfig, SimRequest
 from harness.timeline import RoleTimeline
 
@@ -78,6 +80,7 @@ def nested_runs() -> Iterator[None]:
         gc.unfreeze()
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)   # (tests give it unit step costs)
 class SimBackend:
     @classmethod
     def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, *, name: str = "sim",
@@ -99,10 +102,10 @@ class SimBackend:
         # The view is kept, not rebuilt: an engine whose observable state changed marks itself stale
         # and only those are re-read (a routing call would otherwise cost O(engines * ranks)).
         self._stale: list[SimEngine] = []
-        self._states: list[EngineState | None] = [None] * cluster.num_engines
+        self._states: list = [None] * cluster.num_engines   # every engine's, filled below
         self._gen = 0                                   # bumped whenever a state is re-read
         self._roles: dict[Role, _RoleIndex] | None = None   # available engines per role, by id
-        self._cost_models: dict[Parallelism, object] = {}
+        self._cost_models: dict[Parallelism, CostModel] = {}
         sglang = cluster.engine == "sglang"
         cfg = EngineConfig(memory_fraction=cluster.memory_fraction,
                            activation_reserve_bytes=cluster.activation_reserve_bytes, gpu_name=cluster.gpu.name,
@@ -338,7 +341,8 @@ class SimBackend:
             return
         e.switching = True
         par = self.cluster.parallelism[e.target_role]
-        reshard = self.cluster.switch_mechanism == "reshard" and par != e.par
+        # (operator.ne: compiled, `par != e.par` on this dataclass compares identities, harness/native.py)
+        reshard = self.cluster.switch_mechanism == "reshard" and operator.ne(par, e.par)
         delay = self.cluster.reshard_switch_time_s if reshard else self.cluster.switch_time_s
         self.timeline.enter(e.id, self.loop.now, e.role, "switching")
         self.loop.at_engine(self.loop.now + delay, partial(self._switch_done, e, reshard))
@@ -380,10 +384,13 @@ class SimBackend:
         if not fits:
             return   # no decode engine serves yet (all switching): the next step tries again
         for s, generated, held in e.scheduler.take_decoding(fits):
-            self._move(s, e.id, self._decode_target(s.request.prompt_tokens + generated), generated, shipped=held)
+            target = self._decode_target(s.request.prompt_tokens + generated)
+            assert target is not None   # some serving decode engine's ranks hold `fits` tokens
+            self._move(s, e.id, target, generated, shipped=held)
 
     def _switch_done(self, e: SimEngine, reshard: bool) -> None:
         old, role = e.role, e.target_role
+        assert role is not None   # the role it is switching to
         cleared = reshard or (self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch)
         if reshard:
             par = self.cluster.parallelism[role]
@@ -417,13 +424,11 @@ class SimBackend:
             raise ValueError("backend.fork: the run has finished; fork a run in progress")
         replace = replace or {}
         heap = self.loop.without_observers()
-        buf = io.BytesIO()
         try:
-            _Pickler(buf, replace).dump(root)
+            data = pickled(root, replace)
         finally:
             self.loop.restore(heap)
-        buf.seek(0)
-        return _Unpickler(buf, replace).load()
+        return unpickled(data, replace)
 
 
 class _SimView(ClusterView):
@@ -447,6 +452,7 @@ class _SimView(ClusterView):
         return EngineList.indexed(index.engines, index, self._gen)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class _RoleIndex:
     """The available engines of one role, in id order: where each one is, and (built on first use)
     a heap per load function, so the least loaded engine is found in O(log engines)."""
@@ -456,7 +462,7 @@ class _RoleIndex:
     def __init__(self, backend: SimBackend, role: Role, engines: list[EngineState]):
         self.backend, self.role = backend, role
         self.engines = engines
-        self.positions = {s.engine_id: i for i, s in enumerate(engines)}
+        self.positions: dict = {s.engine_id: i for i, s in enumerate(engines)}
         self.heaps: dict = {}            # load -> [heap of (key, n, state), ids re-read since]
         self.pushed = 0
 
@@ -488,23 +494,3 @@ class _RoleIndex:
         while states[heap[0][2].engine_id] is not heap[0][2]:
             heapq.heappop(heap)     # an entry for a state since re-read
         return heap[0][2]
-
-
-class _Pickler(pickle.Pickler):
-    """Pickles the simulation; the objects in `replace` travel by reference (persistent ids)."""
-
-    def __init__(self, buf, replace: dict[int, object]):
-        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        self.replace = replace
-
-    def persistent_id(self, obj):
-        return id(obj) if id(obj) in self.replace else None
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, buf, replace: dict[int, object]):
-        super().__init__(buf)
-        self.replace = replace
-
-    def persistent_load(self, pid):
-        return self.replace[pid]

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import heapq
 from typing import Callable
+from mypy_extensions import mypyc_attr
 
 
+
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class EventLoop:
     def __init__(self) -> None:
         self.now = 0.0

@@ -13,12 +13,15 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from harness.api import Role
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
 from harness.sim.scheduler import HandOff, Report, Scheduler, SchedulerConfig, SimRequest, StepPlan
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class EngineConfig:
     memory_fraction: float
@@ -27,6 +30,7 @@ class EngineConfig:
     gpu_name: str = ""              # for messages
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class SimEngine:
     def __init__(self, engine_id: int, role: Role, par: Parallelism, cost: CostModel, cfg: EngineConfig,
                  launched_as: Role | None = None):
@@ -127,6 +131,7 @@ class SimEngine:
         """Apply the step (or the steps of the span) that just ended; what it produces, in order, as it
         goes (Scheduler.update_from_output)."""
         plan, self._plan = self._plan, None
+        assert plan is not None   # a step was started
         steps = 1
         if self._span is not None:
             steps = self._span_steps

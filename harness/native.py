@@ -1,7 +1,7 @@
-"""The simulator's hot modules compiled with mypyc: about 1.8x faster, the same results.
+"""The simulator's hot modules compiled with mypyc: 1.6-2x faster, the same results.
 
-`python scripts/build_native.py` (`make native`, part of `make run` and `make test`) compiles MODULES into build/native/ and records the
-sha256 of each source and the Python version there (manifest.json). Importing `harness` calls
+`python scripts/build_native.py` (`make native`, part of `make run` and `make test`) compiles MODULES
+into build/native/ and records the sha256 of each source and the Python version there (manifest.json). Importing `harness` calls
 `install()`, which puts a finder first on `sys.meta_path` that loads those modules from the build
 while the manifest matches the sources byte for byte; otherwise (no build, a source edited since the
 build, another Python, or HARNESS_NATIVE=0) the sources run as they are, a stale build with a warning.
@@ -83,7 +83,7 @@ def current_build() -> dict[str, Path] | None:
 
 def install() -> bool:
     """Serve the compiled modules when the build is current; True if it is."""
-    if any(isinstance(f, _Finder) for f in sys.meta_path):
+    if active():
         return True
     files = current_build()
     if files is None:

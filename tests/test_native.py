@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_build = pytest.mark.skipif(native.current_build() is None, reason="no current compiled build (`make native`)")
 
 
-def run_python(code: str, compiled: bool) -> str:
+def run_python(args: list[str], compiled: bool) -> str:
     env = dict(os.environ, HARNESS_NATIVE="1" if compiled else "0")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=True).stdout
 
 
@@ -26,9 +26,9 @@ def run_python(code: str, compiled: bool) -> str:
 def test_the_compiled_modules_are_loaded_and_off_by_switch():
     code = ("import harness.native as n, harness.sim.scheduler as s, harness.perf.roofline as r; "
             "print(n.active(), s.__file__, r.__file__)")
-    active, *files = run_python(code, compiled=True).split()
+    active, *files = run_python(["-c", code], compiled=True).split()
     assert active == "True" and all(f.startswith(str(native.BUILD)) for f in files)
-    active, *files = run_python(code, compiled=False).split()
+    active, *files = run_python(["-c", code], compiled=False).split()
     assert active == "False" and all(f.endswith(".py") for f in files)
 
 
@@ -36,9 +36,9 @@ def test_the_compiled_modules_are_loaded_and_off_by_switch():
 def test_compiled_and_source_simulators_give_the_same_lifecycle_bytes():
     """The twelve configurations of scripts/lifecycle_hashes.py (every policy family, both modes, four
     clusters, role switches and Prorsa's what-if runs) hash the same either way."""
-    code = "import runpy, sys; sys.argv = ['x', '--print']; runpy.run_path('scripts/lifecycle_hashes.py', run_name='__main__')"
-    compiled = json.loads(run_python(code, compiled=True))
-    sources = json.loads(run_python(code, compiled=False))
+    script = ["scripts/lifecycle_hashes.py", "--print"]
+    compiled = json.loads(run_python(script, compiled=True))
+    sources = json.loads(run_python(script, compiled=False))
     assert len(compiled) == 12 and compiled == sources
 
 

@@ -38,7 +38,8 @@ class ProfiledCostModel(RooflineCostModel):
         self.k = coefficients
 
     @classmethod
-    def from_file(cls, path: str, model: ModelSpec, gpu: GPUSpec, perf: PerfConstants, par: Parallelism) -> ProfiledCostModel:
+    def from_file(cls, path: str, model: ModelSpec, gpu: GPUSpec, perf: PerfConstants,
+                  par: Parallelism) -> ProfiledCostModel:
         with open(path) as f:
             return cls(fit_profile(json.load(f)), model, gpu, perf, par)
 

@@ -80,7 +80,7 @@ def nested_runs() -> Iterator[None]:
         gc.unfreeze()
 
 
-@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)   # (tests give it unit step costs)
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class SimBackend:
     @classmethod
     def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, *, name: str = "sim",

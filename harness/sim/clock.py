@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import heapq
 from typing import Callable
-from mypy_extensions import mypyc_attr
 
+from mypy_extensions import mypyc_attr
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)

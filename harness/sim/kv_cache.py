@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from mypy_extensions import mypyc_attr
 
+from mypy_extensions import mypyc_attr
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)

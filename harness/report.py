@@ -5,6 +5,8 @@ into OUT (default: the first DIR):
 - speedup.csv / speedup.md / speedup.tex: one row per workload x mode x cluster (x any other setting that
   varies inside it), one column per policy: rollout-time speedup over colocate on the same row and seed
   (mean and std over seeds), and efficiency against lower_bound_s;
+- prorsa.csv (and a table in speedup.md): per Prorsa run and seed, its time against colocation's and the
+  best static allocation's of the same seed, which allocation that was, and its role switches;
 - figures/, each as PNG and PDF at a printable width (harness/figure_style.py: one policy order and colour
   map for all of them): per row, demand vs engines per role (demand_*), CDF of trajectory completion time
   (completion_cdf_*), makespan vs the P:D split of fixed_pd runs (makespan_vs_pd_*) and, per prorsa
@@ -154,9 +156,11 @@ def runs_frame(runs: list[Run]) -> pd.DataFrame:
                      "cluster": s["cluster"], "seed": s["seed"], "rollout_time_s": s["rollout_time_s"],
                      "lower_bound_s": s["lower_bound_s"], "efficiency": s["efficiency_vs_lower_bound"],
                      "num_prefill": r.config.get("policy.num_prefill"),
-                     "num_engines": r.config.get("cluster.num_engines")})
+                     "num_engines": r.config.get("cluster.num_engines"),
+                     "num_role_switches": s.get("num_role_switches", 0)})
     df = pd.DataFrame(rows, columns=["path", "policy_name", "experiment", "workload", "mode", "cluster", "seed",
-                                     "rollout_time_s", "lower_bound_s", "efficiency", "num_prefill", "num_engines"])
+                                     "rollout_time_s", "lower_bound_s", "efficiency", "num_prefill", "num_engines",
+                                     "num_role_switches"])
     df["policy"], df["setting"] = df["policy_name"], ""
     for name, idx in df.groupby("policy_name").groups.items():
         configs = [done[i].config for i in idx]
@@ -204,6 +208,69 @@ def oracle_below_hindsight(per_seed: pd.DataFrame) -> list[str]:
     below = wide[wide["oracle_pd"] > wide["hindsight_best"] * (1 + 1e-9)]
     return [f"{' '.join(str(k) for k in key[:-1] if k)} seed {key[-1]}: oracle_pd {r.oracle_pd:.2f} s > "
             f"hindsight_best {r.hindsight_best:.2f} s" for key, r in below.iterrows()]
+
+
+def _static_name(policy: str, num_engines) -> str:
+    """`kPmD` for a fixed split (`fixed_pd[num_prefill=k]` on k + m engines), else the policy's name."""
+    m = re.fullmatch(r"fixed_pd\[num_prefill=(\d+)\]", policy)
+    if m is None or num_engines is None or pd.isna(num_engines):
+        return policy
+    return f"{m[1]}P{int(num_engines) - int(m[1])}D"
+
+
+PRORSA_SEED_COLUMNS = ROW_KEYS + ["policy", "seed", "rollout_time_s", "colocate_s", "best_static_s", "best_static",
+                                  "vs_colocate", "vs_best_static", "num_role_switches"]
+
+
+def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
+    """Per Prorsa run (each of its settings) on a row that has fixed splits: its rollout time, colocation's
+    and the best static allocation's at the same seed (colocation or a split, which one), its speedup
+    over both, and its role switches. Seed by seed, as `oracle_below_hindsight` and for the same reason:
+    the best static allocation differs from seed to seed. `df`: runs_frame()."""
+    runs = df.groupby(ROW_KEYS + ["policy_name", "policy", "seed"], as_index=False, dropna=False).agg(
+        rollout_time_s=("rollout_time_s", "mean"), num_role_switches=("num_role_switches", "mean"),
+        num_engines=("num_engines", "first"))
+    fixed_rows = runs.loc[runs["policy_name"] == "fixed_pd", ROW_KEYS].drop_duplicates()
+    statics = runs[(runs["policy_name"] == "fixed_pd") | (runs["policy"] == BASELINE)].merge(fixed_rows, on=ROW_KEYS)
+    prorsa = runs[runs["policy_name"] == "prorsa"]
+    if statics.empty or prorsa.empty:
+        return pd.DataFrame(columns=PRORSA_SEED_COLUMNS)
+    best = statics.loc[statics.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
+    best = best.assign(best_static=[_static_name(p, n) for p, n in zip(best["policy"], best["num_engines"])])
+    best = best[ROW_KEYS + ["seed", "rollout_time_s", "best_static"]].rename(columns={"rollout_time_s": "best_static_s"})
+    colocate = runs.loc[runs["policy"] == BASELINE, ROW_KEYS + ["seed", "rollout_time_s"]].rename(
+        columns={"rollout_time_s": "colocate_s"})
+    out = prorsa.merge(best, on=ROW_KEYS + ["seed"]).merge(colocate, on=ROW_KEYS + ["seed"], how="left")
+    out["vs_colocate"] = out["colocate_s"] / out["rollout_time_s"]
+    out["vs_best_static"] = out["best_static_s"] / out["rollout_time_s"]
+    out["num_role_switches"] = out["num_role_switches"].round().astype(int)
+    return out.sort_values(ROW_KEYS + ["policy", "seed"])[PRORSA_SEED_COLUMNS].reset_index(drop=True)
+
+
+def _spread(values: pd.Series, digits: int) -> str:
+    """`mean (min-max)` over seeds; the value alone for one seed."""
+    if values.isna().all():
+        return "-"
+    mean = f"{values.mean():.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} ({values.min():.{digits}f}-{values.max():.{digits}f})"
+
+
+PRORSA_CAPTION = ("Prorsa against colocation and the best static allocation of the same seed (mean (min-max) "
+                  "over seeds; per seed in prorsa.csv)")
+
+
+def prorsa_display(seeds: pd.DataFrame) -> pd.DataFrame:
+    """One line per row and Prorsa setting (`seeds`: prorsa_seeds())."""
+    rows = []
+    for key, grp in seeds.groupby(ROW_KEYS + ["policy"], sort=True):
+        rows.append({**dict(zip(ROW_KEYS + ["policy"], key)), "seeds": len(grp),
+                     "prorsa / colocate": _spread(grp["vs_colocate"], 2),
+                     "prorsa / best static": _spread(grp["vs_best_static"], 3),
+                     "best static per seed": ", ".join(grp["best_static"]),
+                     "role switches per seed": ", ".join(str(n) for n in grp["num_role_switches"])})
+    out = pd.DataFrame(rows, columns=ROW_KEYS + ["policy", "seeds", "prorsa / colocate", "prorsa / best static",
+                                                 "best static per seed", "role switches per seed"])
+    return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -298,6 +365,10 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
         md += ["\n## Prorsa's decisions (the start, then each switch; kP = k prefill engines)\n",
                *[f"- {' '.join(r.overrides) or r.path.name}: {r.summary.get('num_role_switches', 0)} engine role "
                  f"switches; {decisions_text(r.summary['prorsa_decisions'])}" for r in decided]]
+    seeds = prorsa_seeds(df)
+    seeds.to_csv(out / "prorsa.csv", index=False)
+    if not seeds.empty:
+        md += [f"\n## {PRORSA_CAPTION}\n", _md_table(prorsa_display(seeds))]
     below = oracle_below_hindsight(per_seed)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]

@@ -139,6 +139,29 @@ def test_oracle_is_checked_against_the_best_static_allocation_of_its_own_seed(tm
         "search sync dense_h100 seed 1: oracle_pd 105.00 s > hindsight_best 80.00 s"]
 
 
+def test_prorsa_is_compared_seed_by_seed_with_the_best_static_allocation(tmp_path):
+    """Seed 0: colocation 100 s is the best static (splits 120 and 150 s), Prorsa 95 s: 1.053x of it.
+    Seed 1: 2P6D 70 s is the best (colocation 80 s), Prorsa 72 s: 0.972x of it, 1.111x of colocation."""
+    from harness.report import prorsa_display, prorsa_seeds
+    for seed, (colo, pd2, pd4, prorsa) in enumerate([(100.0, 120.0, 150.0, 95.0), (80.0, 70.0, 90.0, 72.0)]):
+        make_run(tmp_path, f"colocate{seed}", "colocate", colo, seed=seed)
+        make_run(tmp_path, f"pd2_{seed}", "fixed_pd", pd2, seed=seed, num_prefill=2)
+        make_run(tmp_path, f"pd4_{seed}", "fixed_pd", pd4, seed=seed, num_prefill=4)
+        make_run(tmp_path, f"prorsa{seed}", "prorsa", prorsa, seed=seed)
+    seeds = prorsa_seeds(runs_frame(find_runs([tmp_path]))).set_index("seed")
+    assert list(seeds["best_static"]) == ["colocate", "2P6D"]
+    assert list(seeds["vs_best_static"]) == pytest.approx([100 / 95, 70 / 72])
+    assert list(seeds["vs_colocate"]) == pytest.approx([100 / 95, 80 / 72])
+    assert list(seeds["num_role_switches"]) == [2, 2]
+    line = prorsa_display(seeds.reset_index()).iloc[0]
+    assert line["prorsa / best static"] == "1.012 (0.972-1.053)"
+    assert line["best static per seed"] == "colocate, 2P6D"
+    main([str(tmp_path)])
+    assert "| search | sync | dense_h100 | prorsa | 2 | 1.08 (1.05-1.11) | 1.012 (0.972-1.053) | colocate, 2P6D | 2, 2 |" \
+        in (tmp_path / "speedup.md").read_text()
+    assert pd.read_csv(tmp_path / "prorsa.csv")["best_static_s"].tolist() == [100.0, 70.0]
+
+
 def test_runs_without_timeseries_or_baseline_still_report(tmp_path):
     """A row without colocate has no speedup ('-'), and a run without timeseries.parquet has no demand figure."""
     make_run(tmp_path, "pd", "fixed_pd", 50.0, num_prefill=2, timeseries=False)

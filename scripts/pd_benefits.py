@@ -1,35 +1,77 @@
-"""Claim 2 of REPRODUCE.md from run directories: per policy, decode time per output token (p50),
-time to first token after the prompt is ready (p50), and trajectory completion time (mean, p90).
-  python scripts/pd_benefits.py results/reproduce > table.md"""
+"""Claims 1 and 2 of REPRODUCE.md from the run directories scripts/reproduce.sh writes, each value as the
+mean over seeds with its min-max:
+1. how often prefill and decode coexist under colocation: the share of 1-s timeseries samples with work
+   (prefill queued or sequences decoding) where prefill is queued while sequences decode;
+2. on heavy_prefill, per allocation: decode time per output token (p50), time from a prompt ready to its
+   first token (p50), trajectory completion time (mean, p90) and rollout time.
+  python scripts/pd_benefits.py results/reproduce > pd_benefits.md"""
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+COEXIST = {"search": "search-sync", "swe": "swe-sync", "tooluse": "tooluse-sync", "heavy_prefill": "heavy_prefill"}
+# (label, sweep directory, the run directory's name without its seed)
+ALLOCATIONS = [("colocate (DP4+EP4)", "heavy_prefill", "+experiment=heavy_prefill,policy=colocate"),
+               ("6P2D, TP4 prefill", "heavy_prefill", "+experiment=heavy_prefill,policy.num_prefill=6,policy=fixed_pd"),
+               ("6P2D, DP4+EP4 prefill", "stage_parallelism",
+                "+experiment=heavy_prefill,cluster.parallelism.prefill.dp=4,cluster.parallelism.prefill.ep=True,"
+                "cluster.parallelism.prefill.tp=1,policy.num_prefill=6,policy=fixed_pd")]
+METRICS = {"decode time per output token p50 (ms)": 1, "prompt ready to first token p50 (s)": 2,   # name: digits
+           "trajectory completion mean (s)": 1, "trajectory completion p90 (s)": 1, "rollout time (s)": 1}
 
-def row(run: Path) -> dict:
-    s = json.loads((run / "summary.json").read_text())
+
+def seeds(sweep: Path, name: str) -> list[Path]:
+    """The complete runs of one configuration at every seed (seed 0's directory has no `seed=`)."""
+    runs = [sweep / name] + sorted(sweep.glob(f"{name},seed=*"))
+    return [r for r in runs if (r / "summary.json").exists()]
+
+
+def coexistence(run: Path) -> float:
+    ts = pd.read_parquet(run / "timeseries.parquet")
+    prefill, decode = ts.prefill_demand_tokens > 0, ts.decode_requests > 0
+    return (prefill & decode).sum() / (prefill | decode).sum()
+
+
+def effects(run: Path) -> dict:
     df = pd.read_parquet(run / "lifecycle.parquet")
     multi = df[df.output_tokens > 1]
     tpot = (multi.t_decode_end - multi.t_first_token) / (multi.output_tokens - 1)
     g = df.groupby("trajectory_id")
     jct = g.t_decode_end.max() - g.t_ready.min()
-    name = run.parent.name + "/" + run.name.replace("+experiment=heavy_prefill,", "")
-    return {"run": name, "policy": s["policy"], "cluster": s["cluster"], "rollout_s": round(s["rollout_time_s"], 1),
-            "tpot_p50_ms": round(1e3 * tpot.median(), 1), "ttft_p50_s": round((df.t_first_token - df.t_ready).median(), 2),
-            "completion_mean_s": round(jct.mean(), 1), "completion_p90_s": round(jct.quantile(0.9), 1)}
+    return {"decode time per output token p50 (ms)": 1e3 * tpot.median(),
+            "prompt ready to first token p50 (s)": (df.t_first_token - df.t_ready).median(),
+            "trajectory completion mean (s)": jct.mean(), "trajectory completion p90 (s)": jct.quantile(0.9),
+            "rollout time (s)": json.loads((run / "summary.json").read_text())["rollout_time_s"]}
+
+
+def cell(values: list[float], digits: int) -> str:
+    """mean (min-max, n seeds); the value alone for one seed."""
+    if not values:
+        return "-"
+    s = pd.Series(values)
+    mean = f"{s.mean():.{digits}f}"
+    return mean if len(s) == 1 else f"{mean} ({s.min():.{digits}f}-{s.max():.{digits}f}, n={len(s)})"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def main(root: str) -> None:
-    runs = [p.parent for d in ("heavy_prefill", "stage_parallelism") for p in sorted((Path(root) / d).glob("*/summary.json"))]
-    keep = [r for r in runs if "policy=colocate" in r.name or "num_prefill=6" in r.name]
-    rows = [row(r) for r in keep]
-    cols = list(rows[0])
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in rows:
-        print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+    out = Path(root)
+    share = [cell([coexistence(r) for r in seeds(out / d, f"+experiment={exp},policy=colocate")], 2)
+             for exp, d in COEXIST.items()]
+    print("Claim 1: share of 1-s samples with work where prefill is queued while sequences decode "
+          "(colocate, sync)\n")
+    print(table(list(COEXIST), [share]))
+    measured = {label: [effects(r) for r in seeds(out / d, name)] for label, d, name in ALLOCATIONS}
+    print("\nClaim 2: heavy_prefill on moe_h200, per allocation\n")
+    rows = [[m] + [cell([x[m] for x in measured[label]], digits) for label, _, _ in ALLOCATIONS]
+            for m, digits in METRICS.items()]
+    print(table(["", *(label for label, _, _ in ALLOCATIONS)], rows))
 
 
 if __name__ == "__main__":

@@ -53,10 +53,10 @@ sweep swe-sync +experiment=swe policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 
 swe_async=(mode=async mode.num_steps=2 "mode.max_in_flight=256")
 sweep swe-async +experiment=swe policy=colocate,prorsa seed=1,2 "${swe_async[@]}"
 sweep swe-async +experiment=swe policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2 "${swe_async[@]}"
-# Claim 2b, stage-specific parallelism: the same 6P2D split with TP4 prefill engines vs DP4+EP4 ones.
-sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6
+# Claim 2b, stage-specific parallelism: heavy_prefill's 6P2D split (TP4 prefill engines, above) with DP4+EP4
+# prefill engines instead.
 sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6 \
-  cluster.parallelism.prefill.tp=1 cluster.parallelism.prefill.dp=4 cluster.parallelism.prefill.ep=true
+  cluster.parallelism.prefill.tp=1 cluster.parallelism.prefill.dp=4 cluster.parallelism.prefill.ep=true seed=0,1,2
 # Ablations on the prefill-heavy setting: forecasting off, role switching off, horizon, switch cost.
 sweep ablations +experiment=heavy_prefill policy=colocate
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.forecast=true,false policy.switching=true,false
@@ -74,34 +74,6 @@ for exp in "${SHIFTS[@]}"; do
   sweep "$exp" +experiment=$exp policy=prorsa policy.switching=false
   sweep "$exp" +experiment=$exp policy=prorsa policy.forecast=false
 done
-# SGLang's role switch (drain) on the MoE curriculum: Prorsa at three seeds and its ablations; the statics are the ones above.
-sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
-sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
-sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false
-# The same kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at three seeds,
-# both ablations at seed 0.
-E64=shift_reason_browse_kvboth_64gpu
-sweep $E64 +experiment=$E64 policy=colocate,prorsa seed=0,1,2
-sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 seed=0,1,2
-sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
-sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
-# Both kv_both curricula with decode migration (cluster.migrate_decodes_on_switch=true): Prorsa at three
-# seeds; the statics are the ones above (a static allocation never switches, so it never migrates).
-MIG=cluster.migrate_decodes_on_switch=true
-sweep shift_reason_browse_kvboth_migrate +experiment=shift_reason_browse_kvboth $MIG policy=prorsa seed=0,1,2
-sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
-# and with Prorsa's first turns placed by forecast decode work (policy.placement=forecast_work)
-sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_browse_kvboth $MIG \
-  policy=prorsa policy.placement=forecast_work seed=0,1,2
-# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
-# both ablations and PEARL at seed 0.
-SYNC=shift_reason_browse_sync
-sweep $SYNC +experiment=$SYNC policy=colocate,prorsa seed=0,1,2
-sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=0,1,2
-sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
-sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
-sweep $SYNC +experiment=$SYNC policy=pearl
-timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" "$OUT/$SYNC" --out "$OUT/report-shift"
 timed "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 timed "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
@@ -113,5 +85,33 @@ timed "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
 timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
 timed "$PY" scripts/whatif_accuracy.py
+# SGLang's role switch (drain) on the MoE curriculum: Prorsa at three seeds and its ablations; the statics are the ones above.
+sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
+sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
+sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false
+# The kv_both curriculum with decode migration (cluster.migrate_decodes_on_switch=true): Prorsa at three
+# seeds; the statics are the ones above (a static allocation never switches, so it never migrates); and
+# with Prorsa's first turns placed by forecast decode work (policy.placement=forecast_work).
+MIG=cluster.migrate_decodes_on_switch=true
+sweep shift_reason_browse_kvboth_migrate +experiment=shift_reason_browse_kvboth $MIG policy=prorsa seed=0,1,2
+sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_browse_kvboth $MIG \
+  policy=prorsa policy.placement=forecast_work seed=0,1,2
+# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
+# both ablations and PEARL at seed 0.
+SYNC=shift_reason_browse_sync
+sweep $SYNC +experiment=$SYNC policy=colocate,prorsa seed=0,1,2
+sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=0,1,2
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
+sweep $SYNC +experiment=$SYNC policy=pearl
+# The kv_both curriculum on 16 engines (64 H200), the longest runs, last: colocation, every split and
+# Prorsa at three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.
+E64=shift_reason_browse_kvboth_64gpu
+sweep $E64 +experiment=$E64 policy=colocate,prorsa seed=0,1,2
+sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 seed=0,1,2
+sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
+sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
+sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
+timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" "$OUT/$SYNC" --out "$OUT/report-shift"
 # A step rerun after a stop only skips its complete jobs: the whole set's time counts each step's first run.
 awk -F'\t' '!seen[$2]++ {s += $1; n++} END {printf "reproduce.sh: %d steps, %.0f s in all (OUT/timing.tsv)\n", n, s}' "$OUT/timing.tsv"

@@ -23,9 +23,13 @@ METRICS = {"decode time per output token p50 (ms)": 1, "prompt ready to first to
 
 
 def seeds(sweep: Path, name: str) -> list[Path]:
-    """The complete runs of one configuration at every seed (seed 0's directory has no `seed=`)."""
-    runs = [sweep / name] + sorted(sweep.glob(f"{name},seed=*"))
-    return [r for r in runs if (r / "summary.json").exists()]
+    """The complete runs of one configuration, one per seed (seed 0's directory is named without `seed=`
+    unless its sweep named the seed)."""
+    runs = {}
+    for r in [sweep / name] + sorted(sweep.glob(f"{name},seed=*")):
+        if (r / "summary.json").exists():
+            runs.setdefault(json.loads((r / "summary.json").read_text())["seed"], r)
+    return [runs[s] for s in sorted(runs)]
 
 
 def coexistence(run: Path) -> float:

@@ -210,7 +210,7 @@ def oracle_below_hindsight(per_seed: pd.DataFrame) -> list[str]:
             f"hindsight_best {r.hindsight_best:.2f} s" for key, r in below.iterrows()]
 
 
-def _static_name(policy: str, num_engines) -> str:
+def static_name(policy: str, num_engines) -> str:
     """`kPmD` for a fixed split (`fixed_pd[num_prefill=k]` on k + m engines), else the policy's name."""
     m = re.fullmatch(r"fixed_pd\[num_prefill=(\d+)\]", policy)
     if m is None or num_engines is None or pd.isna(num_engines):
@@ -236,7 +236,7 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     if statics.empty or prorsa.empty:
         return pd.DataFrame(columns=PRORSA_SEED_COLUMNS)
     best = statics.loc[statics.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
-    best = best.assign(best_static=[_static_name(p, n) for p, n in zip(best["policy"], best["num_engines"])])
+    best = best.assign(best_static=[static_name(p, n) for p, n in zip(best["policy"], best["num_engines"])])
     best = best[ROW_KEYS + ["seed", "rollout_time_s", "best_static"]].rename(columns={"rollout_time_s": "best_static_s"})
     colocate = runs.loc[runs["policy"] == BASELINE, ROW_KEYS + ["seed", "rollout_time_s"]].rename(
         columns={"rollout_time_s": "colocate_s"})

@@ -1,15 +1,20 @@
-"""Claims 1 and 2 of REPRODUCE.md from the run directories scripts/reproduce.sh writes, each value as the
-mean over seeds with its min-max:
+"""Claims 1-3 of REPRODUCE.md from the run directories scripts/reproduce.sh writes, each value as the
+mean over seeds with its min-max (claim 4 is the report's Prorsa table, harness/report.py):
 1. how often prefill and decode coexist under colocation: the share of 1-s timeseries samples with work
    (prefill queued or sequences decoding) where prefill is queued while sequences decode;
 2. on heavy_prefill, per allocation: decode time per output token (p50), time from a prompt ready to its
-   first token (p50), trajectory completion time (mean, p90) and rollout time.
-  python scripts/pd_benefits.py results/reproduce > pd_benefits.md"""
+   first token (p50), trajectory completion time (mean, p90) and rollout time;
+3. per experiment and mode, the fastest and the slowest fixed split against colocation, seed by seed.
+  python scripts/claims.py results/reproduce > claims.md"""
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.report import find_runs, runs_frame, speedups, static_name  # noqa: E402
 
 COEXIST = {"search": "search-sync", "swe": "swe-sync", "tooluse": "tooluse-sync", "heavy_prefill": "heavy_prefill"}
 # (label, sweep directory, the run directory's name without its seed)
@@ -18,6 +23,8 @@ ALLOCATIONS = [("colocate (DP4+EP4)", "heavy_prefill", "+experiment=heavy_prefil
                ("6P2D, DP4+EP4 prefill", "stage_parallelism",
                 "+experiment=heavy_prefill,cluster.parallelism.prefill.dp=4,cluster.parallelism.prefill.ep=True,"
                 "cluster.parallelism.prefill.tp=1,policy.num_prefill=6,policy=fixed_pd")]
+SPLITS = ["search-sync", "search-async", "swe-sync", "swe-async", "tooluse-sync", "tooluse-async", "heavy_prefill",
+          "drift"]
 METRICS = {"decode time per output token p50 (ms)": 1, "prompt ready to first token p50 (s)": 2,   # name: digits
            "trajectory completion mean (s)": 1, "trajectory completion p90 (s)": 1, "rollout time (s)": 1}
 
@@ -59,6 +66,18 @@ def cell(values: list[float], digits: int) -> str:
     return mean if len(s) == 1 else f"{mean} ({s.min():.{digits}f}-{s.max():.{digits}f}, n={len(s)})"
 
 
+def splits(sweep: Path) -> list[str]:
+    """Claim 3 for one sweep: the best split per seed, then best and worst split over colocation."""
+    df = runs_frame(find_runs([sweep]))
+    per_seed = speedups(df)
+    fixed = per_seed[per_seed["policy"].str.startswith("fixed_pd[")]
+    engines = int(df["num_engines"].dropna().iloc[0])
+    best = fixed.loc[fixed.groupby("seed")["speedup"].idxmax()]
+    worst = fixed.groupby("seed")["speedup"].min()
+    return [", ".join(static_name(p, engines) for p in best["policy"]), cell(list(best["speedup"]), 2),
+            cell(list(worst), 2)]
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -76,6 +95,10 @@ def main(root: str) -> None:
     rows = [[m] + [cell([x[m] for x in measured[label]], digits) for label, _, _ in ALLOCATIONS]
             for m, digits in METRICS.items()]
     print(table(["", *(label for label, _, _ in ALLOCATIONS)], rows))
+    print("\nClaim 3: fixed splits against colocation (policy=fixed_pd policy.num_prefill=1..7)\n")
+    columns = [splits(out / d) for d in SPLITS]
+    names = ["best fixed split per seed", "best fixed / colocate", "worst fixed / colocate"]
+    print(table(["", *SPLITS], [[name, *(c[i] for c in columns)] for i, name in enumerate(names)]))
 
 
 if __name__ == "__main__":

@@ -68,9 +68,11 @@ def cell(values: list[float], digits: int) -> str:
 
 def splits(sweep: Path) -> list[str]:
     """Claim 3 for one sweep: the best split per seed, then best and worst split over colocation."""
-    df = runs_frame(find_runs([sweep]))
+    df = runs_frame(find_runs([sweep])) if sweep.is_dir() else None
+    if df is None or not (df["policy_name"] == "fixed_pd").any():
+        return ["-", "-", "-"]      # not run (yet)
     per_seed = speedups(df)
-    fixed = per_seed[per_seed["policy"].str.startswith("fixed_pd[")]
+    fixed = per_seed[per_seed["policy"].str.startswith("fixed_pd[")].dropna(subset=["speedup"])
     engines = int(df["num_engines"].dropna().iloc[0])
     best = fixed.loc[fixed.groupby("seed")["speedup"].idxmax()]
     worst = fixed.groupby("seed")["speedup"].min()
@@ -85,6 +87,8 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def main(root: str) -> None:
     out = Path(root)
+    if not out.is_dir():
+        sys.exit(f"claims.py: no such directory: {root} (the OUT of scripts/reproduce.sh)")
     share = [cell([coexistence(r) for r in seeds(out / d, f"+experiment={exp},policy=colocate")], 2)
              for exp, d in COEXIST.items()]
     print("Claim 1: share of 1-s samples with work where prefill is queued while sequences decode "
@@ -102,4 +106,6 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python scripts/claims.py OUT   (OUT: the directory scripts/reproduce.sh wrote)")
     main(sys.argv[1])

@@ -336,3 +336,27 @@ def test_runs_linked_into_one_directory_are_found_and_an_empty_one_is_named(swee
         main([str(empty)])
     assert stop.value.code == 2
     assert f"no runs (summary.json, error.json or .hydra) under {empty}" in capsys.readouterr().err
+
+
+def test_claims_script_computes_coexistence_and_fixed_splits_per_seed(tmp_path):
+    """scripts/claims.py on hand-made runs: make_run's timeseries has prefill queued in 2 of 3 samples
+    and decodes in 2, both in 1 (share 1/3); on search-sync 2P6D is 2x colocation and 4P4D 0.5x at both
+    seeds. What was not run shows as "-"."""
+    sweep = tmp_path / "search-sync"
+    for seed, colocate in ((0, 100.0), (1, 80.0)):
+        tail = f",seed={seed}" if seed else ""
+        make_run(sweep, f"+experiment=search,policy=colocate{tail}", "colocate", colocate, seed=seed)
+        make_run(sweep, f"+experiment=search,policy.num_prefill=2,policy=fixed_pd{tail}", "fixed_pd", colocate / 2,
+                 seed=seed, num_prefill=2)
+        make_run(sweep, f"+experiment=search,policy.num_prefill=4,policy=fixed_pd{tail}", "fixed_pd", colocate * 2,
+                 seed=seed, num_prefill=4)
+    out = subprocess.run([sys.executable, "scripts/claims.py", str(tmp_path)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout
+    assert "| 0.33 (0.33-0.33, n=2) | - | - | - |" in out
+    assert "| best fixed split per seed | 2P6D, 2P6D | - |" in out
+    assert "| best fixed / colocate | 2.00 (2.00-2.00, n=2) | - |" in out
+    assert "| worst fixed / colocate | 0.50 (0.50-0.50, n=2) | - |" in out
+    missing = subprocess.run([sys.executable, "scripts/claims.py", str(tmp_path / "nothing")], capture_output=True,
+                             text=True, cwd=Path(__file__).resolve().parents[1])
+    assert missing.returncode != 0 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
+

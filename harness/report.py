@@ -210,37 +210,52 @@ def oracle_below_hindsight(per_seed: pd.DataFrame) -> list[str]:
             f"hindsight_best {r.hindsight_best:.2f} s" for key, r in below.iterrows()]
 
 
-def static_name(policy: str, num_engines) -> str:
-    """`kPmD` for a fixed split (`fixed_pd[num_prefill=k]` on k + m engines), else the policy's name."""
-    m = re.fullmatch(r"fixed_pd\[num_prefill=(\d+)\]", policy)
-    if m is None or num_engines is None or pd.isna(num_engines):
-        return policy
-    return f"{m[1]}P{int(num_engines) - int(m[1])}D"
+def static_name(policy_name: str, num_prefill, num_engines) -> str:
+    """`kPmD` for a fixed split of k prefill engines out of k + m, else the policy's name."""
+    if policy_name != "fixed_pd" or pd.isna(num_prefill) or pd.isna(num_engines):
+        return policy_name
+    return f"{int(num_prefill)}P{int(num_engines) - int(num_prefill)}D"
 
 
 PRORSA_SEED_COLUMNS = ROW_KEYS + ["policy", "seed", "rollout_time_s", "colocate_s", "best_static_s", "best_static",
                                   "vs_colocate", "vs_best_static", "num_role_switches"]
 
 
+# Settings of the role-switch mechanism: a static allocation never switches, so they never change its run.
+SWITCH_KEYS = ("cluster.switch_mechanism", "cluster.switch_time_s", "cluster.reshard_switch_time_s",
+               "cluster.migrate_decodes_on_switch")
+STATIC_KEYS = ["workload", "mode", "cluster", "static_setting", "seed"]
+
+
+def _static_setting(setting: str) -> str:
+    """A row's setting without the switch mechanism's keys: the setting its static allocations ran in."""
+    return ",".join(kv for kv in setting.split(",") if kv and kv.split("=")[0] not in SWITCH_KEYS)
+
+
 def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
-    """Per Prorsa run (each of its settings) on a row that has fixed splits: its rollout time, colocation's
-    and the best static allocation's at the same seed (colocation or a split, which one), its speedup
-    over both, and its role switches. Seed by seed, as `oracle_below_hindsight` and for the same reason:
-    the best static allocation differs from seed to seed. `df`: runs_frame()."""
+    """Per Prorsa run (each of its settings) where fixed splits ran: its rollout time, colocation's and
+    the best static allocation's at the same seed (colocation or a split, which one), its speedup over
+    both, and its role switches. Seed by seed, as `oracle_below_hindsight` and for the same reason: the
+    best static allocation differs from seed to seed. A Prorsa run under another switch mechanism (drain,
+    decode migration, other switch times) is compared with the statics of the same setting otherwise,
+    which that mechanism cannot change. `df`: runs_frame()."""
     runs = df.groupby(ROW_KEYS + ["policy_name", "policy", "seed"], as_index=False, dropna=False).agg(
         rollout_time_s=("rollout_time_s", "mean"), num_role_switches=("num_role_switches", "mean"),
-        num_engines=("num_engines", "first"))
-    fixed_rows = runs.loc[runs["policy_name"] == "fixed_pd", ROW_KEYS].drop_duplicates()
-    statics = runs[(runs["policy_name"] == "fixed_pd") | (runs["policy"] == BASELINE)].merge(fixed_rows, on=ROW_KEYS)
+        num_prefill=("num_prefill", "first"), num_engines=("num_engines", "first"))
+    runs["static_setting"] = runs["setting"].map(_static_setting)
+    keys = STATIC_KEYS[:-1]
+    fixed_rows = runs.loc[runs["policy_name"] == "fixed_pd", keys].drop_duplicates()
+    statics = runs[(runs["policy_name"] == "fixed_pd") | (runs["policy"] == BASELINE)].merge(fixed_rows, on=keys)
     prorsa = runs[runs["policy_name"] == "prorsa"]
     if statics.empty or prorsa.empty:
         return pd.DataFrame(columns=PRORSA_SEED_COLUMNS)
-    best = statics.loc[statics.groupby(ROW_KEYS + ["seed"])["rollout_time_s"].idxmin()]
-    best = best.assign(best_static=[static_name(p, n) for p, n in zip(best["policy"], best["num_engines"])])
-    best = best[ROW_KEYS + ["seed", "rollout_time_s", "best_static"]].rename(columns={"rollout_time_s": "best_static_s"})
-    colocate = runs.loc[runs["policy"] == BASELINE, ROW_KEYS + ["seed", "rollout_time_s"]].rename(
-        columns={"rollout_time_s": "colocate_s"})
-    out = prorsa.merge(best, on=ROW_KEYS + ["seed"]).merge(colocate, on=ROW_KEYS + ["seed"], how="left")
+    best = statics.loc[statics.groupby(STATIC_KEYS)["rollout_time_s"].idxmin()]
+    best = best.assign(best_static=[static_name(*r) for r in
+                                    zip(best["policy_name"], best["num_prefill"], best["num_engines"])])
+    best = best[STATIC_KEYS + ["rollout_time_s", "best_static"]].rename(columns={"rollout_time_s": "best_static_s"})
+    colocate = runs[runs["policy"] == BASELINE].groupby(STATIC_KEYS, as_index=False)["rollout_time_s"].min()
+    out = prorsa.merge(best, on=STATIC_KEYS).merge(colocate.rename(columns={"rollout_time_s": "colocate_s"}),
+                                                    on=STATIC_KEYS, how="left")
     out["vs_colocate"] = out["colocate_s"] / out["rollout_time_s"]
     out["vs_best_static"] = out["best_static_s"] / out["rollout_time_s"]
     out["num_role_switches"] = out["num_role_switches"].round().astype(int)

@@ -14,7 +14,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.report import find_runs, runs_frame, speedups, static_name  # noqa: E402
+from harness.report import find_runs, runs_frame, static_name  # noqa: E402
 
 COEXIST = {"search": "search-sync", "swe": "swe-sync", "tooluse": "tooluse-sync", "heavy_prefill": "heavy_prefill"}
 # (label, sweep directory, the run directory's name without its seed)
@@ -71,13 +71,13 @@ def splits(sweep: Path) -> list[str]:
     df = runs_frame(find_runs([sweep])) if sweep.is_dir() else None
     if df is None or not (df["policy_name"] == "fixed_pd").any():
         return ["-", "-", "-"]      # not run (yet)
-    per_seed = speedups(df)
-    fixed = per_seed[per_seed["policy"].str.startswith("fixed_pd[")].dropna(subset=["speedup"])
-    engines = int(df["num_engines"].dropna().iloc[0])
+    colocate = df[df["policy_name"] == "colocate"].groupby("seed")["rollout_time_s"].mean()
+    fixed = df[(df["policy_name"] == "fixed_pd") & df["seed"].isin(colocate.index)].copy()
+    fixed["speedup"] = fixed["seed"].map(colocate) / fixed["rollout_time_s"]
     best = fixed.loc[fixed.groupby("seed")["speedup"].idxmax()]
     worst = fixed.groupby("seed")["speedup"].min()
-    return [", ".join(static_name(p, engines) for p in best["policy"]), cell(list(best["speedup"]), 2),
-            cell(list(worst), 2)]
+    names = [static_name(*r) for r in zip(best["policy_name"], best["num_prefill"], best["num_engines"])]
+    return [", ".join(names), cell(list(best["speedup"]), 2), cell(list(worst), 2)]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -104,6 +104,8 @@ sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 s
 sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
 sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
 sweep $SYNC +experiment=$SYNC policy=pearl
+timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT"/shift_reason_browse_{drain,kvboth_migrate,kvboth_migrate_placement} \
+  "$OUT/$SYNC" --out "$OUT/report-shift"
 # The kv_both curriculum on 16 engines (64 H200), the longest runs, last: colocation, every split and
 # Prorsa at three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.
 E64=shift_reason_browse_kvboth_64gpu
@@ -112,6 +114,6 @@ sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9
 sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
 sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
 sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
-timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT/$E64" "$OUT/$SYNC" --out "$OUT/report-shift"
+timed "$PY" -m harness.report "$OUT/$E64" "$OUT/${E64}_migrate" --out "$OUT/report-shift-64gpu"
 # A step rerun after a stop only skips its complete jobs: the whole set's time counts each step's first run.
 awk -F'\t' '!seen[$2]++ {s += $1; n++} END {printf "reproduce.sh: %d steps, %.0f s in all (OUT/timing.tsv)\n", n, s}' "$OUT/timing.tsv"

@@ -18,14 +18,14 @@ from harness.report import Figures, find_runs, main, runs_frame, speedup_table, 
 
 def make_run(root: Path, name: str, policy: str, rollout: float, seed: int = 0, workload: str = "search",
              mode: str = "sync", completed: int = 4, num_prefill: int | None = None, timeseries: bool = True,
-             experiment: str | None = None) -> Path:
+             experiment: str | None = None, cluster: dict | None = None) -> Path:
     """A run directory as run.py leaves it: .hydra/config.yaml, summary.json and the parquet files (a prorsa
     run: its decisions in summary.json and forecast.parquet too)."""
     d = root / name
     (d / ".hydra").mkdir(parents=True)
     policy_cfg = {"_target_": f"baselines.{policy}.X", **({"num_prefill": num_prefill} if num_prefill else {})}
     cfg = {"policy": policy_cfg, "workload": {"name": workload}, "mode": {"name": mode},
-           "cluster": {"name": "dense_h100", "num_engines": 8}, "seed": seed}
+           "cluster": {"name": "dense_h100", "num_engines": 8, **(cluster or {})}, "seed": seed}
     (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
     overrides = ([f"+experiment={experiment}"] if experiment else []) + [f"policy={policy}", f"seed={seed}"]
     (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
@@ -160,6 +160,21 @@ def test_prorsa_is_compared_seed_by_seed_with_the_best_static_allocation(tmp_pat
     assert "| search | sync | dense_h100 | prorsa | 2 | 1.08 (1.05-1.11) | 1.012 (0.972-1.053) | colocate, 2P6D | 2, 2 |" \
         in (tmp_path / "speedup.md").read_text()
     assert pd.read_csv(tmp_path / "prorsa.csv")["best_static_s"].tolist() == [100.0, 70.0]
+
+
+def test_prorsa_under_another_switch_mechanism_meets_the_same_statics(tmp_path):
+    """Statics ran under reshard (colocation 100 s, 2P6D 80 s); Prorsa under reshard 82 s and under drain
+    78 s. A static allocation never switches, so both Prorsa runs are compared with the same 80-s 2P6D."""
+    from harness.report import prorsa_seeds
+    reshard, drain = {"switch_mechanism": "reshard"}, {"switch_mechanism": "drain"}
+    make_run(tmp_path, "colocate", "colocate", 100.0, cluster=reshard)
+    make_run(tmp_path, "pd2", "fixed_pd", 80.0, num_prefill=2, cluster=reshard)
+    make_run(tmp_path, "prorsa_reshard", "prorsa", 82.0, cluster=reshard)
+    make_run(tmp_path, "prorsa_drain", "prorsa", 78.0, cluster=drain)
+    seeds = prorsa_seeds(runs_frame(find_runs([tmp_path]))).set_index("setting")
+    assert seeds.loc["cluster.switch_mechanism=drain", "vs_best_static"] == pytest.approx(80 / 78)
+    assert seeds.loc["cluster.switch_mechanism=reshard", "vs_best_static"] == pytest.approx(80 / 82)
+    assert list(seeds["best_static"]) == ["2P6D", "2P6D"] and list(seeds["colocate_s"]) == [100.0, 100.0]
 
 
 def test_runs_without_timeseries_or_baseline_still_report(tmp_path):

@@ -233,9 +233,9 @@ def _static_setting(setting: str) -> str:
 
 
 def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
-    """Per Prorsa run (each of its settings) where fixed splits ran: its rollout time, colocation's and
-    the best static allocation's at the same seed (colocation or a split, which one), its speedup over
-    both, and its role switches. Seed by seed, as `oracle_below_hindsight` and for the same reason: the
+    """Per Prorsa run (each of its settings): its rollout time, colocation's and the best static
+    allocation's at the same seed (colocation or a split, which one; NaN and "-" where no split ran at
+    that seed), its speedup over both, and its role switches. Seed by seed, as `oracle_below_hindsight` and for the same reason: the
     best static allocation differs from seed to seed. A Prorsa run under another switch mechanism (drain,
     decode migration, other switch times) is compared with the statics of the same setting otherwise,
     which that mechanism cannot change. `df`: runs_frame()."""
@@ -243,28 +243,30 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
         rollout_time_s=("rollout_time_s", "mean"), num_role_switches=("num_role_switches", "mean"),
         num_prefill=("num_prefill", "first"), num_engines=("num_engines", "first"))
     runs["static_setting"] = runs["setting"].map(_static_setting)
-    keys = STATIC_KEYS[:-1]
-    fixed_rows = runs.loc[runs["policy_name"] == "fixed_pd", keys].drop_duplicates()
-    statics = runs[(runs["policy_name"] == "fixed_pd") | (runs["policy"] == BASELINE)].merge(fixed_rows, on=keys)
+    fixed_seeds = runs.loc[runs["policy_name"] == "fixed_pd", STATIC_KEYS].drop_duplicates()
+    statics = runs[(runs["policy_name"] == "fixed_pd") | (runs["policy"] == BASELINE)].merge(fixed_seeds,
+                                                                                              on=STATIC_KEYS)
     prorsa = runs[runs["policy_name"] == "prorsa"]
-    if statics.empty or prorsa.empty:
+    if prorsa.empty:
         return pd.DataFrame(columns=PRORSA_SEED_COLUMNS)
     best = statics.loc[statics.groupby(STATIC_KEYS)["rollout_time_s"].idxmin()]
     best = best.assign(best_static=[static_name(*r) for r in
                                     zip(best["policy_name"], best["num_prefill"], best["num_engines"])])
     best = best[STATIC_KEYS + ["rollout_time_s", "best_static"]].rename(columns={"rollout_time_s": "best_static_s"})
     colocate = runs[runs["policy"] == BASELINE].groupby(STATIC_KEYS, as_index=False)["rollout_time_s"].min()
-    out = prorsa.merge(best, on=STATIC_KEYS).merge(colocate.rename(columns={"rollout_time_s": "colocate_s"}),
-                                                    on=STATIC_KEYS, how="left")
+    out = prorsa.merge(best, on=STATIC_KEYS, how="left").merge(
+        colocate.rename(columns={"rollout_time_s": "colocate_s"}), on=STATIC_KEYS, how="left")
+    out["best_static"] = out["best_static"].astype(object).fillna("-")
     out["vs_colocate"] = out["colocate_s"] / out["rollout_time_s"]
     out["vs_best_static"] = out["best_static_s"] / out["rollout_time_s"]
-    out["num_role_switches"] = out["num_role_switches"].round().astype(int)
+    out["num_role_switches"] = out["num_role_switches"].fillna(0).round().astype(int)
     return out.sort_values(ROW_KEYS + ["policy", "seed"])[PRORSA_SEED_COLUMNS].reset_index(drop=True)
 
 
 def _spread(values: pd.Series, digits: int) -> str:
-    """`mean (min-max)` over seeds; the value alone for one seed."""
-    if values.isna().all():
+    """`mean (min-max)` over the seeds that have a value; the value alone for one seed."""
+    values = values.dropna()
+    if values.empty:
         return "-"
     mean = f"{values.mean():.{digits}f}"
     return mean if len(values) == 1 else f"{mean} ({values.min():.{digits}f}-{values.max():.{digits}f})"

@@ -5,7 +5,7 @@ mean over seeds with its min-max (claim 4 is the report's Prorsa table, harness/
 2. on heavy_prefill, per allocation: decode time per output token (p50), time from a prompt ready to its
    first token (p50), trajectory completion time (mean, p90) and rollout time;
 3. per experiment and mode, the fastest and the slowest fixed split against colocation, seed by seed.
-  python scripts/claims.py results/reproduce > claims.md"""
+  python scripts/claims.py results/reproduce [results/reproduce/report/claims.md]"""
 import json
 import sys
 from pathlib import Path
@@ -67,12 +67,15 @@ def cell(values: list[float], digits: int) -> str:
 
 
 def splits(sweep: Path) -> list[str]:
-    """Claim 3 for one sweep: the best split per seed, then best and worst split over colocation."""
+    """Claim 3 for one sweep (one setting, as scripts/reproduce.sh writes them): the best split per seed,
+    then the best and the worst split over colocation."""
     df = runs_frame(find_runs([sweep])) if sweep.is_dir() else None
     if df is None or not (df["policy_name"] == "fixed_pd").any():
         return ["-", "-", "-"]      # not run (yet)
     colocate = df[df["policy_name"] == "colocate"].groupby("seed")["rollout_time_s"].mean()
     fixed = df[(df["policy_name"] == "fixed_pd") & df["seed"].isin(colocate.index)].copy()
+    if fixed.empty:
+        return ["-", "-", "-"]      # no colocation at the splits' seeds
     fixed["speedup"] = fixed["seed"].map(colocate) / fixed["rollout_time_s"]
     best = fixed.loc[fixed.groupby("seed")["speedup"].idxmax()]
     worst = fixed.groupby("seed")["speedup"].min()
@@ -85,27 +88,40 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def main(root: str) -> None:
-    out = Path(root)
-    if not out.is_dir():
-        sys.exit(f"claims.py: no such directory: {root} (the OUT of scripts/reproduce.sh)")
+def claims(out: Path) -> str:
+    """The three tables as markdown."""
     share = [cell([coexistence(r) for r in seeds(out / d, f"+experiment={exp},policy=colocate")], 2)
              for exp, d in COEXIST.items()]
-    print("Claim 1: share of 1-s samples with work where prefill is queued while sequences decode "
-          "(colocate, sync)\n")
-    print(table(list(COEXIST), [share]))
     measured = {label: [effects(r) for r in seeds(out / d, name)] for label, d, name in ALLOCATIONS}
-    print("\nClaim 2: heavy_prefill on moe_h200, per allocation\n")
     rows = [[m] + [cell([x[m] for x in measured[label]], digits) for label, _, _ in ALLOCATIONS]
             for m, digits in METRICS.items()]
-    print(table(["", *(label for label, _, _ in ALLOCATIONS)], rows))
-    print("\nClaim 3: fixed splits against colocation (policy=fixed_pd policy.num_prefill=1..7)\n")
     columns = [splits(out / d) for d in SPLITS]
     names = ["best fixed split per seed", "best fixed / colocate", "worst fixed / colocate"]
-    print(table(["", *SPLITS], [[name, *(c[i] for c in columns)] for i, name in enumerate(names)]))
+    return "\n".join([
+        "Claim 1: share of 1-s samples with work where prefill is queued while sequences decode (colocate, sync)\n",
+        table(list(COEXIST), [share]),
+        "\nClaim 2: heavy_prefill on moe_h200, per allocation\n",
+        table(["", *(label for label, _, _ in ALLOCATIONS)], rows),
+        "\nClaim 3: fixed splits against colocation (policy=fixed_pd policy.num_prefill=1..7)\n",
+        table(["", *SPLITS], [[name, *(c[i] for c in columns)] for i, name in enumerate(names)])]) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) not in (1, 2):
+        sys.exit("usage: python scripts/claims.py OUT [FILE]   (OUT: the directory scripts/reproduce.sh wrote; "
+                 "FILE: write the tables there instead of printing them)")
+    out = Path(argv[0])
+    if not out.is_dir():
+        sys.exit(f"claims.py: no such directory: {out} (the OUT of scripts/reproduce.sh)")
+    text = claims(out)
+    if len(argv) == 1:
+        print(text, end="")
+        return
+    target = Path(argv[1])
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(text)
+    partial.replace(target)     # written whole or not at all
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/claims.py OUT   (OUT: the directory scripts/reproduce.sh wrote)")
-    main(sys.argv[1])
+    main(sys.argv[1:])

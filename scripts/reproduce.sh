@@ -77,11 +77,10 @@ done
 timed "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 timed "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
-"$PY" scripts/claims.py "$OUT" > "$OUT/report/claims.md"
+timed "$PY" scripts/claims.py "$OUT" "$OUT/report/claims.md"
 # Section 6, the regime map (96 sync cells; 48 async: DP1-8 with 50- and 500-token answers, DP16, and
 # 8,000-token answers on DP1-DP16; writes its CSV and heatmaps in OUT/regime_map and OUT/regime_map_async),
-# and section 4's
-# performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
+# and section 4's performance-model accuracy (writes results/reference/whatif_accuracy.csv itself).
 timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
 timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
 timed "$PY" scripts/whatif_accuracy.py

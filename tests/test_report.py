@@ -177,6 +177,21 @@ def test_prorsa_under_another_switch_mechanism_meets_the_same_statics(tmp_path):
     assert list(seeds["best_static"]) == ["2P6D", "2P6D"] and list(seeds["colocate_s"]) == [100.0, 100.0]
 
 
+def test_a_prorsa_seed_without_splits_has_no_best_static(tmp_path):
+    """Splits ran at seed 0 only; colocation and Prorsa at seeds 0 and 1. Seed 1 has no best static
+    allocation (not colocation by default) and the mean over seeds is seed 0's alone."""
+    from harness.report import prorsa_display, prorsa_seeds
+    for seed in (0, 1):
+        make_run(tmp_path, f"colocate{seed}", "colocate", 100.0, seed=seed)
+        make_run(tmp_path, f"prorsa{seed}", "prorsa", 90.0, seed=seed)
+    make_run(tmp_path, "pd2", "fixed_pd", 95.0, num_prefill=2)
+    seeds = prorsa_seeds(runs_frame(find_runs([tmp_path])))
+    assert list(seeds["best_static"]) == ["2P6D", "-"]
+    assert seeds["vs_best_static"].isna().tolist() == [False, True]
+    line = prorsa_display(seeds).iloc[0]
+    assert line["prorsa / best static"] == f"{95 / 90:.3f}" and line["prorsa / colocate"] == "1.11 (1.11-1.11)"
+
+
 def test_runs_without_timeseries_or_baseline_still_report(tmp_path):
     """A row without colocate has no speedup ('-'), and a run without timeseries.parquet has no demand figure."""
     make_run(tmp_path, "pd", "fixed_pd", 50.0, num_prefill=2, timeseries=False)

@@ -84,6 +84,14 @@ timed "$PY" scripts/claims.py "$OUT" "$OUT/report/claims.md"
 timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
 timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
 timed "$PY" scripts/whatif_accuracy.py
+# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
+# both ablations and PEARL at seed 0.
+SYNC=shift_reason_browse_sync
+sweep $SYNC +experiment=$SYNC policy=colocate,prorsa seed=0,1,2
+sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=0,1,2
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
+sweep $SYNC +experiment=$SYNC policy=pearl
 # SGLang's role switch (drain) on the MoE curriculum: Prorsa at three seeds and its ablations; the statics are the ones above.
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
@@ -95,14 +103,6 @@ MIG=cluster.migrate_decodes_on_switch=true
 sweep shift_reason_browse_kvboth_migrate +experiment=shift_reason_browse_kvboth $MIG policy=prorsa seed=0,1,2
 sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_browse_kvboth $MIG \
   policy=prorsa policy.placement=forecast_work seed=0,1,2
-# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
-# both ablations and PEARL at seed 0.
-SYNC=shift_reason_browse_sync
-sweep $SYNC +experiment=$SYNC policy=colocate,prorsa seed=0,1,2
-sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=0,1,2
-sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
-sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
-sweep $SYNC +experiment=$SYNC policy=pearl
 timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT"/shift_reason_browse_{drain,kvboth_migrate,kvboth_migrate_placement} \
   "$OUT/$SYNC" --out "$OUT/report-shift"
 # The kv_both curriculum on 16 engines (64 H200), the longest runs, last: colocation, every split and

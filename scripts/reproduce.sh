@@ -3,6 +3,8 @@
 #   bash scripts/reproduce.sh [OUT]      (OUT defaults to results/reproduce)
 #   RAY=1 bash scripts/reproduce.sh       each sweep's jobs in parallel on a local Ray, one per core
 #                                         (the same numbers: every job is its own seeded process)
+#   LARGE=1 bash scripts/reproduce.sh     also section 5's curriculum on 64 H200 (16 engines: 56 runs,
+#                                         several hours on a 2-core machine; nothing in results/reference)
 # Each block is one Hydra multirun; rerunning skips the jobs already complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -105,14 +107,16 @@ sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_brow
   policy=prorsa policy.placement=forecast_work seed=0,1,2
 timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT"/shift_reason_browse_{drain,kvboth_migrate,kvboth_migrate_placement} \
   "$OUT/$SYNC" --out "$OUT/report-shift"
-# The kv_both curriculum on 16 engines (64 H200), the longest runs, last: colocation, every split and
-# Prorsa at three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.
+# With LARGE=1, the kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at
+# three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.
 E64=shift_reason_browse_kvboth_64gpu
+if [ "${LARGE:-0}" = 1 ]; then
 sweep $E64 +experiment=$E64 policy=colocate,prorsa seed=0,1,2
 sweep $E64 +experiment=$E64 policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 seed=0,1,2
 sweep $E64 +experiment=$E64 policy=prorsa policy.switching=false
 sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
 sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
 timed "$PY" -m harness.report "$OUT/$E64" "$OUT/${E64}_migrate" --out "$OUT/report-shift-64gpu"
+fi
 # A step rerun after a stop only skips its complete jobs: the whole set's time counts each step's first run.
 awk -F'\t' '!seen[$2]++ {s += $1; n++} END {printf "reproduce.sh: %d steps, %.0f s in all (OUT/timing.tsv)\n", n, s}' "$OUT/timing.tsv"

@@ -5,7 +5,7 @@ configs/catalogue/perf.yaml (gemm_mfu, attn_mfu, mem_efficiency) that came from 
 profiles. This script measures them on the GPU at hand, at the shapes of the models we simulate
 (Qwen3-8B dense, Qwen3-30B-A3B MoE), and writes them with the raw measurements as JSON:
 
-    python scripts/gpu_profile.py --out results/reference/h200_profile.json      # ~1-2 min on an H200
+    python scripts/gpu_profile.py --out results/calibration/h200_profile.json      # ~1-2 min on an H200
     python scripts/gpu_profile.py --smoke --out /tmp/p.json                     # tiny shapes, CPU ok
 
 Definitions (the same as perf.yaml's sources, docs/references.md, section 4):

@@ -1,6 +1,6 @@
 """Lifecycle parquet hashes of a fixed set of simulator configurations.
 
-`python scripts/lifecycle_hashes.py --write` records them in results/reference/lifecycle_hashes.json;
+`python scripts/lifecycle_hashes.py --write` records them in scripts/lifecycle_hashes.json;
 without `--write` it reruns the set and reports every configuration whose lifecycle changed; `--print`
 prints them (tests/test_native.py compares the compiled simulator's with the sources'). A change to
 the simulator that must not move any result (a refactoring) keeps every hash.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.experiment import lifecycle_frame, run_rollout  # noqa: E402
 
-REFERENCE = ROOT / "results" / "reference" / "lifecycle_hashes.json"
+REFERENCE = ROOT / "scripts" / "lifecycle_hashes.json"
 SMALL = ["workload.batch_size=8", "workload.group_size=4", "mode.num_steps=2",
          "cluster.flush_prefix_cache_on_weight_update=false"]   # the refactoring check: new options off
 # policies x workloads x modes x engine sizes: each line one configuration.

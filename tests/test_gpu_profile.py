@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_profile.py"
-H200 = ROOT / "results" / "reference" / "h200_profile.json"
+H200 = ROOT / "results" / "calibration" / "h200_profile.json"
 
 
 def _run(*args):

@@ -182,9 +182,9 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         summary.update(policy.metrics())
         forecast = policy.forecast_frame() if hasattr(policy, "forecast_frame") else None
         if forecast is not None:   # Prorsa: its forecasts against what happened
-            _atomic(out / "forecast.parquet", lambda p: forecast.to_parquet(p, index=False))
+            write_atomic(out / "forecast.parquet", lambda p: forecast.to_parquet(p, index=False))
         if hasattr(backend, "leg_frame"):   # real engines: per-leg client and server times
-            _atomic(out / "legs.parquet", lambda p: backend.leg_frame().to_parquet(p, index=False))
+            write_atomic(out / "legs.parquet", lambda p: backend.leg_frame().to_parquet(p, index=False))
             summary["harness_overhead"] = backend.overhead()
         summary["config_hash"] = config_hash(cfg)
         timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
@@ -195,7 +195,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         logger.finish(failed)
     if logger.failure:   # the results are complete; what W&B lacks is said where the results are
         summary["logger_failure"] = logger.failure
-    _atomic(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
+    write_atomic(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
     return summary
 
 
@@ -280,7 +280,7 @@ def record_failure(out_dir: str | os.PathLike, cfg: DictConfig, overrides: list[
               "config": OmegaConf.to_container(cfg, resolve=False)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / ERROR, lambda p: p.write_text(json.dumps(record, indent=2, default=str) + "\n"))
+    write_atomic(out / ERROR, lambda p: p.write_text(json.dumps(record, indent=2, default=str) + "\n"))
     return message
 
 
@@ -315,7 +315,7 @@ def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResu
     return summary
 
 
-def _atomic(path: Path, write) -> None:
+def write_atomic(path: Path, write) -> None:
     """Write to a temporary name, flush it to disk, rename: a killed process or a crashed machine leaves
     the old file or the new one, never a part of one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -331,6 +331,6 @@ def _atomic(path: Path, write) -> None:
 
 
 def write_results(out: Path, lifecycle: pd.DataFrame, timeline: list[dict], timeseries: pd.DataFrame) -> None:
-    _atomic(out / "lifecycle.parquet", lambda p: lifecycle.to_parquet(p, index=False))
-    _atomic(out / "engines.parquet", lambda p: pd.DataFrame(timeline, columns=TIMELINE_COLUMNS).to_parquet(p, index=False))
-    _atomic(out / "timeseries.parquet", lambda p: timeseries.to_parquet(p, index=False))
+    write_atomic(out / "lifecycle.parquet", lambda p: lifecycle.to_parquet(p, index=False))
+    write_atomic(out / "engines.parquet", lambda p: pd.DataFrame(timeline, columns=TIMELINE_COLUMNS).to_parquet(p, index=False))
+    write_atomic(out / "timeseries.parquet", lambda p: timeseries.to_parquet(p, index=False))

@@ -263,13 +263,15 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(ROW_KEYS + ["policy", "seed"])[PRORSA_SEED_COLUMNS].reset_index(drop=True)
 
 
-def _spread(values: pd.Series, digits: int) -> str:
-    """`mean (min-max)` over the seeds that have a value; the value alone for one seed."""
+def spread(values: pd.Series, digits: int, count: bool = False) -> str:
+    """`mean (min-max)` over the seeds that have a value (`mean (min-max, n=N)` with `count`); the value
+    alone for one seed."""
     values = values.dropna()
     if values.empty:
         return "-"
     mean = f"{values.mean():.{digits}f}"
-    return mean if len(values) == 1 else f"{mean} ({values.min():.{digits}f}-{values.max():.{digits}f})"
+    n = f", n={len(values)}" if count else ""
+    return mean if len(values) == 1 else f"{mean} ({values.min():.{digits}f}-{values.max():.{digits}f}{n})"
 
 
 PRORSA_CAPTION = ("Prorsa against colocation and the best static allocation of the same seed (mean (min-max) "
@@ -281,8 +283,8 @@ def prorsa_display(seeds: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, grp in seeds.groupby(ROW_KEYS + ["policy"], sort=True):
         rows.append({**dict(zip(ROW_KEYS + ["policy"], key)), "seeds": len(grp),
-                     "prorsa / colocate": _spread(grp["vs_colocate"], 2),
-                     "prorsa / best static": _spread(grp["vs_best_static"], 3),
+                     "prorsa / colocate": spread(grp["vs_colocate"], 2),
+                     "prorsa / best static": spread(grp["vs_best_static"], 3),
                      "best static per seed": ", ".join(grp["best_static"]),
                      "role switches per seed": ", ".join(str(n) for n in grp["num_role_switches"])})
     out = pd.DataFrame(rows, columns=ROW_KEYS + ["policy", "seeds", "prorsa / colocate", "prorsa / best static",
@@ -341,7 +343,7 @@ def _display(table: pd.DataFrame, value: str) -> pd.DataFrame:
     return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
 
-def _md_table(df: pd.DataFrame) -> str:
+def md_table(df: pd.DataFrame) -> str:
     lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
@@ -375,7 +377,7 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     failed = _failed_lines(runs)
     speed, eff = _display(table, "speedup"), _display(table, "efficiency")
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed or partial.\n",
-          f"## {SPEEDUP_CAPTION}\n", _md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", _md_table(eff),
+          f"## {SPEEDUP_CAPTION}\n", md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", md_table(eff),
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
     decided = [r for r in runs if r.complete and r.summary.get("prorsa_decisions")]
     if decided:
@@ -385,7 +387,7 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     seeds = prorsa_seeds(df)
     seeds.to_csv(out / "prorsa.csv", index=False)
     if not seeds.empty:
-        md += [f"\n## {PRORSA_CAPTION}\n", _md_table(prorsa_display(seeds))]
+        md += [f"\n## {PRORSA_CAPTION}\n", md_table(prorsa_display(seeds))]
     below = oracle_below_hindsight(per_seed)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]

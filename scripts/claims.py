@@ -14,7 +14,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.report import find_runs, runs_frame, static_name  # noqa: E402
+from harness.experiment import write_atomic  # noqa: E402
+from harness.report import find_runs, md_table, runs_frame, spread, static_name  # noqa: E402
 
 COEXIST = {"search": "search-sync", "swe": "swe-sync", "tooluse": "tooluse-sync", "heavy_prefill": "heavy_prefill"}
 # (label, sweep directory, the run directory's name without its seed)
@@ -59,11 +60,7 @@ def effects(run: Path) -> dict:
 
 def cell(values: list[float], digits: int) -> str:
     """mean (min-max, n seeds); the value alone for one seed."""
-    if not values:
-        return "-"
-    s = pd.Series(values)
-    mean = f"{s.mean():.{digits}f}"
-    return mean if len(s) == 1 else f"{mean} ({s.min():.{digits}f}-{s.max():.{digits}f}, n={len(s)})"
+    return spread(pd.Series(values, dtype=float), digits, count=True)
 
 
 def splits(sweep: Path) -> list[str]:
@@ -84,8 +81,7 @@ def splits(sweep: Path) -> list[str]:
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    return md_table(pd.DataFrame(rows, columns=header))
 
 
 def claims(out: Path) -> str:
@@ -117,10 +113,7 @@ def main(argv: list[str]) -> None:
     if len(argv) == 1:
         print(text, end="")
         return
-    target = Path(argv[1])
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(text)
-    partial.replace(target)     # written whole or not at all
+    write_atomic(Path(argv[1]), lambda p: p.write_text(text))
 
 
 if __name__ == "__main__":

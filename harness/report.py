@@ -235,10 +235,10 @@ def _static_setting(setting: str) -> str:
 def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     """Per Prorsa run (each of its settings): its rollout time, colocation's and the best static
     allocation's at the same seed (colocation or a split, which one; NaN and "-" where no split ran at
-    that seed), its speedup over both, and its role switches. Seed by seed, as `oracle_below_hindsight` and for the same reason: the
-    best static allocation differs from seed to seed. A Prorsa run under another switch mechanism (drain,
-    decode migration, other switch times) is compared with the statics of the same setting otherwise,
-    which that mechanism cannot change. `df`: runs_frame()."""
+    that seed), its speedup over both, and its role switches. Seed by seed, as `oracle_below_hindsight`
+    and for the same reason: the best static allocation differs from seed to seed. A Prorsa run under
+    another switch mechanism (drain, decode migration, other switch times) is compared with the statics
+    of the same setting otherwise, which that mechanism cannot change. `df`: runs_frame()."""
     runs = df.groupby(ROW_KEYS + ["policy_name", "policy", "seed"], as_index=False, dropna=False).agg(
         rollout_time_s=("rollout_time_s", "mean"), num_role_switches=("num_role_switches", "mean"),
         num_prefill=("num_prefill", "first"), num_engines=("num_engines", "first"))

@@ -184,6 +184,22 @@ SETTINGS: dict[str, list[str]] = {
                                            "mode.max_in_flight=256"],
     "verifier_qwen235_async": ["workload=trace", "workload.path={traces}/verifier.jsonl", "workload.batch_size=64",
                                "cluster=qwen235_h200", "mode=async", "mode.max_in_flight=256"],
+    # Thirteenth group, chosen and committed before its first run: two new trace families, a planner
+    # agent (a long repository map, then many short actions on short observations) on the paper-kind
+    # Qwen3-235B cluster in sync, and a browser that sometimes dumps a whole page (a heavy-tailed tool
+    # output) in async with kv_both switching and on ten SGLang engines with the drain switch in sync;
+    # both families in every step on the DeepSeek-V3 cluster in async.
+    "planner_qwen235_sync": ["workload=trace", "workload.path={traces}/planner.jsonl", "workload.batch_size=64",
+                             "cluster=qwen235_h200"],
+    "dumper_kvboth_async": ["workload=trace", "workload.path={traces}/dumper.jsonl", "workload.batch_size=64",
+                            "cluster=moe_h200", "cluster.switch_mechanism=kv_both", "mode=async",
+                            "mode.max_in_flight=256"],
+    "dumper_sglang10_drain_sync": ["workload=trace", "workload.path={traces}/dumper.jsonl", "workload.batch_size=64",
+                                   "cluster=moe_h200_sglang", "cluster.num_engines=10",
+                                   "cluster.switch_mechanism=drain"],
+    "planner_dumper_deepseek_async": ["workload=trace", "workload.path={traces}/planner_dumper.jsonl",
+                                      "workload.batch_size=64", "cluster=deepseek_v3_h200", "mode=async",
+                                      "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
@@ -214,7 +230,12 @@ def write_traces(directory: Path) -> None:
     - solver (a math agent with an interpreter): a ~400-token problem; 1-3 turns of ~3k-token reasoning,
       each followed by a ~100-token interpreter result after ~1 s;
     - flip_rag_solver: 32 groups of rag, 32 of solver, 32 of rag, 32 of solver (other groups of each),
-      so that with batch_size=32 the family flips every batch."""
+      so that with batch_size=32 the family flips every batch;
+    - planner (a planning agent on a large repository): a ~16k-token repository map; 8-20 turns of
+      ~40-token actions, each answered by a ~150-token observation after ~0.1 s; a ~600-token summary;
+    - dumper (a browser that sometimes dumps a whole page): a ~1.2k-token question; 4-10 turns of
+      ~250-token answers, after ~0.5 s a ~100-token tool output (85%) or a ~15k-token page (15%);
+    - planner_dumper: both of those families in every step, 64 groups of each, alternating."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -303,11 +324,25 @@ def write_traces(directory: Path) -> None:
             return lognormal(3000, 0.5, 200, 16000), lognormal(100, 0.5, 5, 1000), np.exp(0.4 * rng.standard_normal())
         return chain(group, "solver", prompt, int(rng.integers(1, 4)), draw)
 
+    def planner(group: int, prompt: int) -> dict:
+        turns = [(lognormal(40, 0.5, 5, 400), lognormal(150, 0.6, 10, 2000), 0.1 * np.exp(0.5 * rng.standard_normal()))
+                 for _ in range(int(rng.integers(8, 21)) - 1)]
+        return positional(group, "planner", prompt, turns + [(lognormal(600, 0.4, 50, 3000), 0, 0.0)])
+
+    def dumper(group: int, prompt: int) -> dict:
+        def page() -> int:
+            return lognormal(15000, 0.3, 4000, 30000) if rng.random() < 0.15 else lognormal(100, 0.5, 5, 1000)
+        turns = [(lognormal(250, 0.5, 10, 2000), page(), 0.5 * np.exp(0.6 * rng.standard_normal()))
+                 for _ in range(int(rng.integers(4, 11)) - 1)]
+        return positional(group, "dumper", prompt, turns + [(lognormal(500, 0.4, 50, 3000), 0, 0.0)])
+
     for name, make, prompt, stream in (("triage", triage, (1000, 0.3, 200, 4000), 11),
                                        ("coder", coder, (6000, 0.3, 1000, 20000), 13),
                                        ("survey", survey, (800, 0.3, 100, 3000), 17),
                                        ("verifier", verifier, (1500, 0.3, 300, 5000), 19),
-                                       ("solver", solver, (400, 0.3, 50, 2000), 23)):
+                                       ("solver", solver, (400, 0.3, 50, 2000), 23),
+                                       ("planner", planner, (16000, 0.3, 4000, 40000), 29),
+                                       ("dumper", dumper, (1200, 0.3, 200, 5000), 31)):
         rng = np.random.default_rng(stream)   # each its own stream: added after the others, which stay as they were
         rows = []
         for group in range(128):
@@ -322,6 +357,8 @@ def write_traces(directory: Path) -> None:
     flip = [dict(t, group=g + 1000 * (name == "solver")) for block in range(2) for name in ("rag", "solver")
             for g in range(32 * block, 32 * block + 32) for t in groups[name][g]]
     (directory / "flip_rag_solver.jsonl").write_text("".join(json.dumps(t) + "\n" for t in flip))
+    both = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["planner"][g]] + groups["dumper"][g]]
+    (directory / "planner_dumper.jsonl").write_text("".join(json.dumps(t) + "\n" for t in both))
 
 
 def splits(overrides: list[str]) -> str:
@@ -395,7 +432,8 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
     for name, overrides in settings.items():
         if args.table_only or (args.only and name not in args.only):
             continue
-        if any("{traces}" in o for o in overrides) and not (traces / "flip_rag_solver.jsonl").exists():
+        paths = [Path(o.split("=", 1)[1].format(traces=traces)) for o in overrides if "{traces}" in o]
+        if not all(path.exists() for path in paths):
             write_traces(traces)
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)

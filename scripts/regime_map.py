@@ -10,8 +10,9 @@ is under 1.05 is marked: no allocation can gain 5% there).
 GRID: coarse (default), async, async_dp16, async_long, full, smoke; several grids make one map of
 their cells (`--grid async async_dp16 async_long`: the whole async map, one CSV and one figure).
 
-Each cell is one Hydra multirun (a rerun skips complete jobs); `--ray` runs a cell's jobs on Ray
-(`hydra/launcher=ray`). Writes OUT/regime_map.csv and OUT/regime_map_{sync,async}.{png,pdf}: one
+Each cell is one Hydra multirun (a rerun skips complete jobs). `--ray` starts one local Ray cluster
+(a CPU per job) and runs the cells' multiruns side by side on it (`hydra/launcher=ray`, joining it),
+so both cores stay busy while one cell's long Prorsa run goes on. Writes OUT/regime_map.csv and OUT/regime_map_{sync,async}.{png,pdf}: one
 heatmap panel per DP size and semantics, rows the new tokens per turn, columns the output tokens.
 The cluster is moe_h200's 32 H200 GPUs (Qwen3-30B-A3B) cut into engines of the DP size: DP1 is 8 TP4
 engines, DP4 8 engines of DP4+EP4 (the preset), DP8 4 engines of DP8+EP8 (prefill TP8), DP16 2 engines
@@ -23,8 +24,10 @@ import argparse
 import json
 import logging
 import re
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 from pathlib import Path
 
@@ -95,17 +98,38 @@ def cell_name(c: dict) -> str:
     return f"{c['mode']}_{c['engine']}_dp{c['dp']}_new{c['new_tokens']}_out{c['output_tokens']}"
 
 
-def run_cell(out: Path, c: dict, ray: bool) -> None:
+def run_cell(out: Path, c: dict, launcher: list[str]) -> None:
     engines, par = parallelism(c["dp"])
     over = [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *MODES[c["mode"]], "logger=none",
             f"workload.tool_output.median={c['new_tokens']}", f"workload.output.median={c['output_tokens']}"]
     # job directories named by the policy overrides only (the cell's directory says the rest)
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out / cell_name(c)}", *over, unnamed(over),
-           *(["hydra/launcher=ray"] if ray else [])]
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out / cell_name(c)}", *over, unnamed(over), *launcher]
     for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={','.join(map(str, splits(engines)))}"]):
         rc = subprocess.run(cmd + policy, cwd=ROOT).returncode
         if rc != 0:
             log.warning("%s: a job failed (exit %d); the others are kept", cell_name(c), rc)
+
+
+def run_cells(out: Path, grid: list[dict], ray: bool) -> None:
+    """Each cell in turn, or with `ray` all of them on one local Ray cluster: a cell's multirun waits
+    on its jobs, so twice as many cells as cores are kept going for Ray to always have jobs queued
+    (in grid order: the slowest cells first where a grid says so)."""
+    if not ray:
+        for c in grid:
+            run_cell(out, c, [])
+        return
+    import ray as ray_api
+    cpus = os.cpu_count() or 1
+    ray_api.init(num_cpus=cpus, include_dashboard=False, object_store_memory=78643200)
+    # each multirun joins this cluster by its address (the launcher's default object store size is
+    # refused when joining)
+    launcher = ["hydra/launcher=ray", f"hydra.launcher.ray.init.address={ray_api.get_runtime_context().gcs_address}",
+                "+hydra.launcher.ray.init.object_store_memory=null"]
+    try:
+        with ThreadPoolExecutor(2 * cpus) as pool:
+            list(pool.map(lambda c: run_cell(out, c, launcher), grid))
+    finally:
+        ray_api.shutdown()
 
 
 def row(out: Path, c: dict) -> dict | None:
@@ -191,8 +215,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     grid = list(cells(*args.grid))
     if not args.table_only:
-        for c in grid:
-            run_cell(out, c, args.ray)
+        run_cells(out, grid, args.ray)
     import pandas as pd
     df = pd.DataFrame([r for r in (row(out, c) for c in grid) if r is not None])
     if df.empty:

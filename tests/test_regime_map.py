@@ -1,5 +1,6 @@
 """The regime map script on its one-cell smoke grid: every policy of the cell runs, the CSV holds the
-speedups and the lower bound's limit, and the heatmap is written as PNG and PDF."""
+speedups and the lower bound's limit, and the heatmap is written as PNG and PDF; on one local Ray
+cluster (`--ray`) the same cell gives the same row."""
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,15 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_regime_map_smoke_cell(tmp_path):
-    res = subprocess.run([sys.executable, "scripts/regime_map.py", str(tmp_path), "--grid", "smoke"], cwd=ROOT,
+def regime_map(out: Path, *args: str) -> pd.DataFrame:
+    res = subprocess.run([sys.executable, "scripts/regime_map.py", str(out), *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    return pd.read_csv(out / "regime_map.csv")
+
+
+def test_regime_map_smoke_cell(tmp_path):
+    regime_map(tmp_path, "--grid", "smoke")
     df = pd.read_csv(tmp_path / "regime_map.csv")
     assert len(df) == 1
     r = df.iloc[0]
@@ -24,3 +30,9 @@ def test_regime_map_smoke_cell(tmp_path):
                     "policy.num_prefill=6,policy=fixed_pd", "policy=colocate", "policy=prorsa"]
     for ext in ("png", "pdf"):
         assert (tmp_path / f"regime_map_sync.{ext}").stat().st_size > 1000
+
+
+def test_a_cell_on_the_maps_own_ray_cluster_gives_the_same_row(tmp_path):
+    """`--ray`: the cell's multiruns join the Ray cluster the script starts; the same row as without."""
+    alone = regime_map(tmp_path / "alone", "--grid", "smoke")
+    pd.testing.assert_frame_equal(regime_map(tmp_path / "ray", "--grid", "smoke", "--ray"), alone)

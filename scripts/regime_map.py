@@ -12,8 +12,9 @@ their cells (`--grid async async_dp16 async_long`: the whole async map, one CSV 
 
 Each cell is one Hydra multirun (a rerun skips complete jobs). `--ray` starts one local Ray cluster
 (a CPU per job) and runs the cells' multiruns side by side on it (`hydra/launcher=ray`, joining it),
-so both cores stay busy while one cell's long Prorsa run goes on. Writes OUT/regime_map.csv and OUT/regime_map_{sync,async}.{png,pdf}: one
-heatmap panel per DP size and semantics, rows the new tokens per turn, columns the output tokens.
+so both cores stay busy while one cell's long Prorsa run goes on. Writes OUT/regime_map.csv and
+OUT/regime_map_{sync,async}.{png,pdf}: one heatmap panel per DP size and semantics, rows the new
+tokens per turn, columns the output tokens.
 The cluster is moe_h200's 32 H200 GPUs (Qwen3-30B-A3B) cut into engines of the DP size: DP1 is 8 TP4
 engines, DP4 8 engines of DP4+EP4 (the preset), DP8 4 engines of DP8+EP8 (prefill TP8), DP16 2 engines
 of DP16+EP16 (prefill TP8 x DP2); prefill engines keep tensor parallelism as in the preset.
@@ -23,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -120,6 +121,7 @@ def run_cells(out: Path, grid: list[dict], ray: bool) -> None:
         return
     import ray as ray_api
     cpus = os.cpu_count() or 1
+    # the object store at the Ray launcher's own default size (hydra_ray_launcher/_core.py)
     ray_api.init(num_cpus=cpus, include_dashboard=False, object_store_memory=78643200)
     # each multirun joins this cluster by its address (the launcher's default object store size is
     # refused when joining)

@@ -18,8 +18,7 @@ def regime_map(out: Path, *args: str) -> pd.DataFrame:
 
 
 def test_regime_map_smoke_cell(tmp_path):
-    regime_map(tmp_path, "--grid", "smoke")
-    df = pd.read_csv(tmp_path / "regime_map.csv")
+    df = regime_map(tmp_path, "--grid", "smoke")
     assert len(df) == 1
     r = df.iloc[0]
     assert (r["new_tokens"], r["output_tokens"], r["dp"], r["engine"], r["mode"]) == (1000, 50, 4, "vllm", "sync")

@@ -279,6 +279,10 @@ def write_traces(directory: Path) -> None:
         return chain(group, "triage", prompt, int(rng.integers(6, 13)), draw)
 
     directory.mkdir(parents=True, exist_ok=True)
+
+    def write(name: str, rows: list[dict]) -> None:
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
+
     groups = {}
     for name, make, prompt in (("analyst", analyst, (2500, 0.3, 500, 8000)), ("review", review, (12000, 0.4, 3000, 28000)),
                                ("rag", rag, (600, 0.3, 100, 3000))):
@@ -288,7 +292,7 @@ def write_traces(directory: Path) -> None:
         for group in range(128):
             shared = lognormal(*prompt)
             groups[name].append([make(group, shared) for _ in range(8)])
-        (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for g in groups[name] for t in g))
+        write(name, [t for g in groups[name] for t in g])
 
     def positional(group: int, family: str, prompt: int, turns: list[tuple[int, int, float]]) -> dict:
         """A trajectory from its turns' (output, tool output, tool latency), drawn by position."""
@@ -349,16 +353,18 @@ def write_traces(directory: Path) -> None:
             shared = lognormal(*prompt)
             rows += [make(group, shared) for _ in range(8)]
         groups[name] = [rows[8 * g:8 * g + 8] for g in range(128)]
-        (directory / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in rows))
-    # both families in every step, alternating groups: 64 of each, the analyst's renumbered
-    mixed = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["analyst"][g]] + groups["rag"][g]]
-    (directory / "rag_analyst.jsonl").write_text("".join(json.dumps(t) + "\n" for t in mixed))
+        write(name, rows)
+
+    def alternating(renumbered: str, kept: str) -> list[dict]:
+        """Both families in every step, alternating groups: 64 of each, the first one's renumbered."""
+        return [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups[renumbered][g]] + groups[kept][g]]
+
+    write("rag_analyst", alternating("analyst", "rag"))
     # the family flips every 32 groups: rag 0-31, solver 0-31 (renumbered), rag 32-63, solver 32-63
     flip = [dict(t, group=g + 1000 * (name == "solver")) for block in range(2) for name in ("rag", "solver")
             for g in range(32 * block, 32 * block + 32) for t in groups[name][g]]
-    (directory / "flip_rag_solver.jsonl").write_text("".join(json.dumps(t) + "\n" for t in flip))
-    both = [t for g in range(64) for t in [dict(x, group=1000 + g) for x in groups["planner"][g]] + groups["dumper"][g]]
-    (directory / "planner_dumper.jsonl").write_text("".join(json.dumps(t) + "\n" for t in both))
+    write("flip_rag_solver", flip)
+    write("planner_dumper", alternating("planner", "dumper"))
 
 
 def splits(overrides: list[str]) -> str:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,8 +18,15 @@ def regime_map(out: Path, *args: str) -> pd.DataFrame:
     return pd.read_csv(out / "regime_map.csv")
 
 
-def test_regime_map_smoke_cell(tmp_path):
-    df = regime_map(tmp_path, "--grid", "smoke")
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[Path, pd.DataFrame]:
+    """The smoke cell mapped one job at a time (run once for both tests)."""
+    out = tmp_path_factory.mktemp("smoke")
+    return out, regime_map(out, "--grid", "smoke")
+
+
+def test_regime_map_smoke_cell(smoke):
+    tmp_path, df = smoke
     assert len(df) == 1
     r = df.iloc[0]
     assert (r["new_tokens"], r["output_tokens"], r["dp"], r["engine"], r["mode"]) == (1000, 50, 4, "vllm", "sync")
@@ -31,7 +39,6 @@ def test_regime_map_smoke_cell(tmp_path):
         assert (tmp_path / f"regime_map_sync.{ext}").stat().st_size > 1000
 
 
-def test_a_cell_on_the_maps_own_ray_cluster_gives_the_same_row(tmp_path):
+def test_a_cell_on_the_maps_own_ray_cluster_gives_the_same_row(smoke, tmp_path):
     """`--ray`: the cell's multiruns join the Ray cluster the script starts; the same row as without."""
-    alone = regime_map(tmp_path / "alone", "--grid", "smoke")
-    pd.testing.assert_frame_equal(regime_map(tmp_path / "ray", "--grid", "smoke", "--ray"), alone)
+    pd.testing.assert_frame_equal(regime_map(tmp_path, "--grid", "smoke", "--ray"), smoke[1])

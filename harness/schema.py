@@ -116,6 +116,7 @@ class ClusterSchema:
     router_balance_rel: float = key(ge=1, omittable=True)
     cost_model: str = key(choices=("roofline", "profiled"), omittable=True)
     profile: Optional[str] = key(omittable=True)
+    contended_profile: Optional[str] = key(omittable=True)   # engines sharing a host (harness/cluster.py)
     perf: Optional[dict[str, Any]] = key(omittable=True, allowed="a mapping of cost-model constants")
 
 

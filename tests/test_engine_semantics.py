@@ -289,3 +289,54 @@ def test_a_decode_leg_bound_for_an_engine_turned_prefill_engine_goes_to_a_decode
 def test_migration_needs_kv_both():
     with pytest.raises(ValueError, match="migrate_decodes_on_switch.*kv_both"):
         cluster_of(TWO_RANKS + ["cluster.switch_mechanism=drain", "cluster.migrate_decodes_on_switch=true"])
+
+
+# --- engines sharing a host (cluster.contended_profile) ----------------------------------------------
+def _profile(path, prefill_s: float, decode_s: float) -> str:
+    """A profile whose fit is a constant step time: `prefill_s` for a step with prefill, `decode_s` for a
+    decode step (harness/perf/profiled.py: the intercepts; every slope fits to 0)."""
+    import json
+    path.write_text(json.dumps({
+        "prefill": [{"new_tokens": n, "cached_tokens": c, "seconds": prefill_s} for n in (64, 256, 1024) for c in (0, 512)],
+        "decode": [{"batch": b, "context": x, "seconds": decode_s} for b in (1, 4) for x in (128, 1024)]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("b_at,ends", [
+    # B arrives while A prefills: A's prefill (started alone) keeps 0.1 s, B's takes 0.2 (A runs); A's
+    # 10 decode steps run beside B: 0.02 each, A ends at 0.30. B decodes from 0.25 at 0.02 a step until
+    # A stops: its step under way then ends at 0.31, the other 7 at 0.01: 0.38.
+    (0.05, {0: 0.30, 1: 0.38}),
+    # B arrives at 0.125, during A's third decode step (0.12-0.13): A's span ends there, its 7 other
+    # steps take 0.02 (B prefills, 0.2 s, to 0.325): A ends at 0.27; B then decodes alone: 0.425.
+    (0.125, {0: 0.27, 1: 0.425}),
+])
+def test_engines_sharing_a_host_slow_each_other(tmp_path, b_at, ends):
+    """Two colocated engines on one host; alone a prefill step takes 0.1 s and a decode step 0.01 s,
+    while the other engine runs a step 0.2 and 0.02 s. A (prompt 100, 11 tokens: a prefill, then 10
+    decode steps) on engine 0 at t=0, B (the same) on engine 1 at `b_at`. Without the contended
+    profile, A ends at 0.2 and B at b_at + 0.2."""
+    alone = _profile(tmp_path / "alone.json", 0.1, 0.01)
+    both = _profile(tmp_path / "both.json", 0.2, 0.02)
+    base = ["cluster=cpu_small", "cluster.cost_model=profiled", f"cluster.profile={alone}"]
+    for overrides, expected in ((base, {0: 0.2, 1: b_at + 0.2}),
+                                (base + [f"++cluster.contended_profile={both}"], ends)):
+        backend = SimBackend(cluster_of(overrides), [Role.COLOCATED, Role.COLOCATED])
+        got: dict[int, float] = {}
+        backend.set_listener(lambda e: got.update({e.trajectory_id: e.t}) if e.kind == EventKind.DECODE_END else None,
+                             lambda r: None)
+        backend.submit(request(0, 100, 11), Route(0, 0))
+        backend.loop.at(b_at, lambda: backend.submit(request(1, 100, 11), Route(1, 1)))
+        backend.run()
+        assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("overrides,allowed", [
+    (["++cluster.contended_profile=results/calibration/vllm_cpu_contended.json"], "cluster.cost_model=profiled"),
+    (["cluster.cost_model=profiled", "cluster.profile=results/calibration/vllm_cpu_stream.json",
+      "++cluster.contended_profile=missing.json"], "an existing profile file"),
+])
+def test_bad_contended_profile(overrides, allowed):
+    with pytest.raises(ValueError) as err:
+        cluster_of(["cluster=cpu_small", *overrides])
+    assert "cluster.contended_profile" in str(err.value) and allowed in str(err.value)

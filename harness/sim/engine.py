@@ -33,7 +33,7 @@ class EngineConfig:
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class SimEngine:
     def __init__(self, engine_id: int, role: Role, par: Parallelism, cost: CostModel, cfg: EngineConfig,
-                 launched_as: Role | None = None):
+                 launched_as: Role | None = None, contended_cost: CostModel | None = None):
         self.id = engine_id
         self.cfg = cfg
         self.role = role
@@ -50,11 +50,14 @@ class SimEngine:
         self._span: list[float] | None = None   # end time of each step of a decode span
         self._span_steps = 0                    # the steps of it that run (a prefix of _span)
         self._span_start = 0.0
-        self.configure(launched_as or role, par, cost)
+        self.configure(launched_as or role, par, cost, contended_cost)
 
-    def configure(self, role: Role, par: Parallelism, cost: CostModel) -> None:
-        """(Re)load the engine with parallelism `par` (launched for `role`): an empty KV cache."""
+    def configure(self, role: Role, par: Parallelism, cost: CostModel,
+                  contended_cost: CostModel | None = None) -> None:
+        """(Re)load the engine with parallelism `par` (launched for `role`): an empty KV cache.
+        `contended_cost`: its steps' times while another engine on the host runs one (None: the same)."""
         self.par, self.launched_as, self.cost = par, role, cost
+        self.contended_cost = contended_cost
         cap = cost.kv_capacity_tokens(self.cfg.memory_fraction, self.cfg.activation_reserve_bytes)
         if cap <= 0:
             raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
@@ -78,13 +81,16 @@ class SimEngine:
         self.scheduler.add_request(s)
 
     # --- steps --------------------------------------------------------------------------------
-    def start_step(self, now: float) -> tuple[StepPlan, float | None]:
+    def start_step(self, now: float, contended: bool = False) -> tuple[StepPlan, float | None]:
         """Plan the next step and time it: (plan, its end time), or (plan, None) when nothing can run.
-        The plan's outputs (preemptions, decode starts, KV pulls) are the backend's to act on."""
+        The plan's outputs (preemptions, decode starts, KV pulls) are the backend's to act on.
+        `contended`: another engine on the host runs a step now (timed by `contended_cost`, if any)."""
         plan = self.scheduler.schedule()
         if plan.idle:
             return plan, None
         cost = self.cost
+        if contended and self.contended_cost is not None:
+            cost = self.contended_cost
         if plan.span_steps:
             self._span = cost.decode_span_ends(plan.seqs, plan.ctx, plan.span_steps, plan.graph, now)
             self._span_steps = plan.span_steps

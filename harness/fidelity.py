@@ -9,6 +9,11 @@ files, then compares them:
         policies=colocate,fixed_pd:num_prefill=1,prorsa:control_interval_s=1:min_dwell_s=5 \
         out=results/fidelity/cpu +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
     python -m harness.fidelity compare=results/fidelity/cpu        # recompute errors + figure from files
+    .venv-engines/bin/python -m harness.fidelity calibrate=quick out=DIR +experiment=vllm_cpu_fidelity
+
+With calibrate= it profiles the engines first, alone and contended, and the simulator models the two
+servers sharing this host (cluster.contended_profile; docs/calibration.md, section 4). Both sides run
+with the calibrated model in the cluster, so a policy that plans plans by the same model in each.
 
 Errors are signed relative errors (sim - real) / real of: rollout time; per-turn latency p50/p90/p99
 (prompt ready to last token, harness.metrics); the per-turn latency of the same (trajectory, turn) in
@@ -174,11 +179,15 @@ def report(out: Path, policies: list[str], real_from: Path | None = None) -> lis
     return errs
 
 
-def sim_overrides(profile_path: str) -> list[str]:
-    """The simulator's side of a fidelity run: the calibrated profile and KV-transfer constants."""
+def model_overrides(profile_path: str, contended: str | None = None) -> list[str]:
+    """The calibrated model of the engines: the profile and KV-transfer constants, and with `contended`
+    the profile measured while the other server works (the engines share this host). The simulator
+    times steps by it; a policy that plans (Prorsa's what-if) plans by it on both sides, so a real and a
+    simulated run differ by the simulator's error, not by what the policy was told."""
     prof = json.loads(Path(profile_path).read_text())
     over = {**prof.get("cluster_overrides", {}), "cluster.cost_model": "profiled", "cluster.profile": profile_path}
-    return ["backend=sim", *(f"{k}={v}" for k, v in over.items())]
+    host = [f"++cluster.contended_profile={contended}"] if contended else []
+    return [*(f"{k}={v}" for k, v in over.items()), *host]
 
 
 def policy_overrides(spec: str) -> tuple[str, list[str]]:
@@ -188,9 +197,10 @@ def policy_overrides(spec: str) -> tuple[str, list[str]]:
 
 
 def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed: int = 0,
-        real_from: Path | None = None) -> list[FidelityErrors]:
+        real_from: Path | None = None, contended: str | None = None) -> list[FidelityErrors]:
     """Real and simulated run of each policy (a run whose summary.json exists is kept), then `report`.
-    `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile)."""
+    `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile).
+    `contended`: a contended profile, for the simulator's model of servers sharing this host."""
     from harness.experiment import run_experiment
     from harness.perf.calibrate import compose_config, machine_mismatch, read_profile
     mismatch = machine_mismatch(read_profile(profile))
@@ -204,7 +214,8 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
         base = [*overrides, *pol, f"seed={seed}"]
         # The simulator's side drops the real backend's own keys (backend.python, ...): backend=sim has none.
         sim_base = [o for o in base if not o.lstrip("+").startswith("backend.")]
-        for side, over in (("real", base), ("sim", [*sim_base, *sim_overrides(profile)])):
+        model = model_overrides(profile, contended)
+        for side, over in (("real", [*base, *model]), ("sim", [*sim_base, "backend=sim", *model])):
             d = (real_from or out) / p / side if side == "real" else out / p / side
             if (d / "summary.json").exists():
                 log.info("%s/%s: done before, kept (%s)", p, side, d)
@@ -215,18 +226,21 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     return report(out, names, real_from)
 
 
-USAGE = """usage: python -m harness.fidelity profile=FILE [policies=P,P,...] [out=DIR] [seed=N] [real_from=DIR]
-                                   [HYDRA OVERRIDES ...]
+USAGE = """usage: python -m harness.fidelity profile=FILE [contended=FILE] [policies=P,P,...] [out=DIR] [seed=N]
+                                   [real_from=DIR] [HYDRA OVERRIDES ...]
        python -m harness.fidelity calibrate=quick|full [policies=...] [out=DIR] [seed=N] [HYDRA OVERRIDES ...]
        python -m harness.fidelity compare=DIR [policies=...] [real_from=DIR]
 Runs each policy on the real backend and on the simulator with the calibrated profile, then compares
-them; with calibrate=GRID it first profiles the engines on this machine (harness.perf.calibrate, written
-to OUT/profile.json) and compares with that (module docstring: harness/fidelity.py)."""
+them; with calibrate=GRID it first profiles the engines on this machine, alone and while the other one
+works (harness.perf.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and compares
+with the simulator timing each step by the one that holds when it starts (cluster.contended_profile);
+contended=FILE does the same with a given profile (module docstring: harness/fidelity.py)."""
 
 
 def _main(argv: list[str]) -> None:
     own, rest = split_args(argv, {"profile": "", "policies": ",".join(POLICIES), "out": "results/fidelity/run",
-                                  "compare": "", "seed": "0", "real_from": "", "calibrate": ""}, USAGE)
+                                  "compare": "", "seed": "0", "real_from": "", "calibrate": "",
+                                  "contended": ""}, USAGE)
     real_from = Path(own["real_from"]) if own["real_from"] else None
     if own["compare"]:
         d = Path(own["compare"])
@@ -244,14 +258,21 @@ def _main(argv: list[str]) -> None:
                          f"a profile; calibrate= measures one here first; allowed grids: {', '.join(GRIDS)})")
     if not own["seed"].isdigit():
         raise ValueError(f"seed={own['seed']!r} is invalid; allowed: an integer >= 0")
-    profile = own["profile"]
+    if own["calibrate"] and own["contended"]:
+        raise ValueError(f"contended={own['contended']!r} is invalid with calibrate=: the contended profile is "
+                         "measured here too; give one of them")
+    if own["contended"] and not Path(own["contended"]).is_file():
+        raise ValueError(f"contended={own['contended']!r} is invalid; allowed: an existing profile file "
+                         "(python -m harness.perf.calibrate contended=true writes one)")
+    profile, contended = own["profile"], own["contended"] or None
     if own["calibrate"]:
         profile = str(Path(own["out"]) / "profile.json")
-        if Path(profile).exists():
+        contended = str(Path(own["out"]) / "profile_contended.json")
+        if Path(profile).exists() and Path(contended).exists():
             log.info("%s: measured before, kept", profile)
         else:
-            calibrate(rest, profile, GRIDS[own["calibrate"]])
-    run(profile, own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]), real_from)
+            calibrate(rest, profile, GRIDS[own["calibrate"]], contended=True)
+    run(profile, own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]), real_from, contended)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -175,13 +175,14 @@ def test_fidelity_policy_specs():
     assert policy_overrides("colocate") == ("colocate", ["policy=colocate"])
 
 
-def test_sim_overrides_come_from_the_profile(tmp_path):
-    from harness.fidelity import sim_overrides
+def test_model_overrides_come_from_the_profile(tmp_path):
+    from harness.fidelity import model_overrides
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster_overrides": {"cluster.kv_transfer_setup_s": 0.05}}))
-    over = sim_overrides(str(path))
-    assert over[0] == "backend=sim" and "cluster.kv_transfer_setup_s=0.05" in over
+    over = model_overrides(str(path))
+    assert "cluster.kv_transfer_setup_s=0.05" in over and not any("contended" in o for o in over)
     assert f"cluster.profile={path}" in over and "cluster.cost_model=profiled" in over
+    assert model_overrides(str(path), "q.json")[-1] == "++cluster.contended_profile=q.json"
 
 
 def test_nnls_known_answers():

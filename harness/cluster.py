@@ -45,6 +45,10 @@ class ClusterConfig:
     enable_mixed_chunk: bool = False           # sglang: decodes ride along a prefill step
     cuda_graph_max_bs: int = 0                 # sglang: largest decode batch per rank run as a CUDA graph (0: any)
     flush_prefix_cache_on_weight_update: bool = True   # RL frameworks flush after each weight update
+    # A prefix-cache hit counts whole blocks: vLLM caches full KV blocks of --block-size tokens (16 on
+    # GPUs, vllm/config/cache.py DEFAULT_BLOCK_SIZE; 128 on CPUs, vllm/platforms/cpu.py) and recomputes
+    # the rest; SGLang's radix cache is token-granular (page size 1). 1: exact tokens.
+    prefix_cache_block_tokens: int = 1
     switch_mechanism: str = "reshard"          # kv_both | drain | reshard (harness/schema.py ClusterSchema)
     router_update_s: float = 0.0               # kv_both: the whole cost of a switch
     migrate_decodes_on_switch: bool = False    # kv_both: an engine turned prefill engine ships its decodes out
@@ -128,7 +132,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
 _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
-             "flush_prefix_cache_on_weight_update", "switch_mechanism", "router_update_s",
+             "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "switch_mechanism", "router_update_s",
              "migrate_decodes_on_switch", "router_balance_abs_requests", "router_balance_rel")
 
 

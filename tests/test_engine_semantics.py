@@ -113,13 +113,14 @@ def test_sglang_cuda_graph_limit():
 @pytest.mark.parametrize("override,allowed", [
     ("cluster.engine=tgi", "vllm, sglang"),
     ("cluster.chunked_prefill_size=0", "an integer >= 1"),
+    ("++cluster.prefix_cache_block_tokens=0", "an integer >= 1"),
     ("cluster.switch_mechanism=teleport", "kv_both, drain, reshard"),
     ("cluster.cuda_graph_max_bs=-1", "an integer >= 0"),
 ])
 def test_bad_engine_options(override, allowed):
     with pytest.raises(ValueError) as err:
         cluster_of([override])
-    key = override.split("=")[0]
+    key = override.split("=")[0].lstrip("+")
     assert key in str(err.value) and allowed in str(err.value)
 
 
@@ -190,6 +191,23 @@ def test_weight_update_flushes_the_prefix_cache(flush, update, cached):
     nxt = TurnRequest(trajectory_id=0, group_id=0, turn=1, family="f", prompt_tokens=152, appended_tokens=52,
                       max_output_tokens=2, output_tokens=2)
     backend.submit(nxt, Route(0, 0))
+    backend.run()
+    assert hits == [0, cached]
+
+
+@pytest.mark.parametrize("block,cached", [(1, 101), (16, 96), (128, 0)])
+def test_prefix_cache_hits_whole_blocks(block, cached):
+    """Turn 0 (prompt 100, 2 tokens) leaves 101 tokens cached; turn 1 (prompt 152) hits them in whole
+    blocks, as vLLM does (16-token blocks: 96; 128-token blocks, vLLM's CPU size: none)."""
+    cluster = cluster_of(TWO_RANKS + [f"++cluster.prefix_cache_block_tokens={block}"])
+    backend = UnitBackend(cluster, [Role.COLOCATED])
+    hits = []
+    backend.set_listener(lambda e: hits.append(e.tokens) if e.kind == EventKind.PREFILL_START else None,
+                         lambda r: None)
+    backend.submit(request(0, 100, 2), Route(0, 0))
+    backend.run()
+    backend.submit(TurnRequest(trajectory_id=0, group_id=0, turn=1, family="f", prompt_tokens=152,
+                               appended_tokens=52, max_output_tokens=2, output_tokens=2), Route(0, 0))
     backend.run()
     assert hits == [0, cached]
 
@@ -297,7 +315,8 @@ def _profile(path, prefill_s: float, decode_s: float) -> str:
     decode step (harness/perf/profiled.py: the intercepts; every slope fits to 0)."""
     import json
     path.write_text(json.dumps({
-        "prefill": [{"new_tokens": n, "cached_tokens": c, "seconds": prefill_s} for n in (64, 256, 1024) for c in (0, 512)],
+        "prefill": [{"new_tokens": n, "cached_tokens": c, "seconds": prefill_s}
+                    for n in (64, 256, 1024) for c in (0, 512)],
         "decode": [{"batch": b, "context": x, "seconds": decode_s} for b in (1, 4) for x in (128, 1024)]}))
     return str(path)
 

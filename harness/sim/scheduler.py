@@ -154,6 +154,7 @@ class SchedulerConfig:
     prefill_first: bool = False     # SGLang: a rank with prefill work pauses its decodes for the step
     mixed_chunk: bool = False       # SGLang --enable-mixed-chunk: decodes join the prefill step
     cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
+    prefix_block_tokens: int = 1    # a prefix-cache hit counts whole blocks of this many tokens (vLLM)
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -307,6 +308,7 @@ class Scheduler:
     # --- admission ----------------------------------------------------------------------------
     def _admit(self, r: Rank, outputs: list) -> None:
         kv = r.kv
+        block = self.cfg.prefix_block_tokens
         while r.waiting and len(r.running) < self.cfg.max_num_seqs:
             s = r.waiting[0]
             tid = s.request.trajectory_id
@@ -317,6 +319,7 @@ class Scheduler:
             else:
                 need = s.target
                 local = min(hit, need - 1)
+            local -= local % block   # vLLM hits whole blocks: the rest of the last one is computed again
             if not kv.allocate(need):
                 if hit:
                     kv.put_back_prefix(tid, hit)

@@ -175,12 +175,11 @@ def test_fork_continues_exactly_as_the_original(overrides):
         driver.fork()
 
 
-@pytest.mark.parametrize("flush,update,cached", [(True, False, 101), (True, True, 0), (False, True, 101)])
-def test_weight_update_flushes_the_prefix_cache(flush, update, cached):
-    """Turn 0 (prompt 100, 2 tokens) leaves 101 tokens of KV cached (the last sampled token has none);
-    turn 1 reuses them unless a weight update flushed the cache in between."""
-    cluster = cluster_of(TWO_RANKS + [f"cluster.flush_prefix_cache_on_weight_update={str(flush).lower()}"])
-    backend = UnitBackend(cluster, [Role.COLOCATED])
+def second_turn_cached(overrides: list[str], update: bool = False) -> list[int]:
+    """Cached tokens at each turn's prefill: turn 0 (prompt 100, 2 tokens) leaves 101 tokens of KV
+    cached (the last sampled token has none), turn 1 (prompt 152) follows, after a weight update if
+    `update`."""
+    backend = UnitBackend(cluster_of(TWO_RANKS + overrides), [Role.COLOCATED])
     hits = []
     backend.set_listener(lambda e: hits.append(e.tokens) if e.kind == EventKind.PREFILL_START else None,
                          lambda r: None)
@@ -188,28 +187,24 @@ def test_weight_update_flushes_the_prefix_cache(flush, update, cached):
     backend.run()
     if update:
         backend.update_weights()
-    nxt = TurnRequest(trajectory_id=0, group_id=0, turn=1, family="f", prompt_tokens=152, appended_tokens=52,
-                      max_output_tokens=2, output_tokens=2)
-    backend.submit(nxt, Route(0, 0))
+    backend.submit(TurnRequest(trajectory_id=0, group_id=0, turn=1, family="f", prompt_tokens=152,
+                               appended_tokens=52, max_output_tokens=2, output_tokens=2), Route(0, 0))
     backend.run()
-    assert hits == [0, cached]
+    return hits
+
+
+@pytest.mark.parametrize("flush,update,cached", [(True, False, 101), (True, True, 0), (False, True, 101)])
+def test_weight_update_flushes_the_prefix_cache(flush, update, cached):
+    """Turn 1 reuses turn 0's 101 tokens unless a weight update flushed the cache in between."""
+    flag = f"cluster.flush_prefix_cache_on_weight_update={str(flush).lower()}"
+    assert second_turn_cached([flag], update) == [0, cached]
 
 
 @pytest.mark.parametrize("block,cached", [(1, 101), (16, 96), (128, 0)])
 def test_prefix_cache_hits_whole_blocks(block, cached):
-    """Turn 0 (prompt 100, 2 tokens) leaves 101 tokens cached; turn 1 (prompt 152) hits them in whole
-    blocks, as vLLM does (16-token blocks: 96; 128-token blocks, vLLM's CPU size: none)."""
-    cluster = cluster_of(TWO_RANKS + [f"++cluster.prefix_cache_block_tokens={block}"])
-    backend = UnitBackend(cluster, [Role.COLOCATED])
-    hits = []
-    backend.set_listener(lambda e: hits.append(e.tokens) if e.kind == EventKind.PREFILL_START else None,
-                         lambda r: None)
-    backend.submit(request(0, 100, 2), Route(0, 0))
-    backend.run()
-    backend.submit(TurnRequest(trajectory_id=0, group_id=0, turn=1, family="f", prompt_tokens=152,
-                               appended_tokens=52, max_output_tokens=2, output_tokens=2), Route(0, 0))
-    backend.run()
-    assert hits == [0, cached]
+    """Turn 1 hits turn 0's 101 cached tokens in whole blocks, as vLLM does (16-token blocks: 96;
+    128-token blocks, vLLM's CPU size: none)."""
+    assert second_turn_cached([f"++cluster.prefix_cache_block_tokens={block}"]) == [0, cached]
 
 
 @pytest.mark.parametrize("mechanism,end", [("kv_both", 0.05 + 0.25), ("drain", 4.1 + 6.0), ("reshard", 4.1 + 60.0)])

@@ -69,8 +69,8 @@ def nested_runs() -> Iterator[None]:
     """Frees, on leaving, the simulations run inside this one (a what-if, a fork run ahead). Their object
     graphs hold reference cycles (engines and their backend, callbacks on the event heap), and the cycle
     collector is paused while a run steps (SimBackend.run), so without this they stay until the outer
-    run ends: oracle_pd on SWE (16 x 8 trajectories, dense_h100) peaked
-    at 1.46 GB resident, 159 MB with each fork collected; the full run (64 x 8) was killed at 23 GB.
+    run ends: oracle_pd on SWE (16 x 8 trajectories, dense_h100) peaked at 1.46 GB resident, 159 MB
+    with each fork collected; the full run (64 x 8) was killed at 23 GB.
     The objects alive on entering are frozen (gc.freeze), so the collection scans only what the
     nested runs made, not the outer run's heap."""
     gc.freeze()

@@ -146,9 +146,8 @@ def parallel_cost_model(cluster: ClusterConfig, par: Parallelism, contended: boo
     (`cluster.profile`; with `contended`, `cluster.contended_profile`)."""
     from harness.perf.profiled import ProfiledCostModel
     from harness.perf.roofline import RooflineCostModel
-    if contended:
-        assert cluster.contended_profile is not None   # checked in cluster_from_config
-        return ProfiledCostModel.from_file(cluster.contended_profile, cluster.model, cluster.gpu, cluster.perf, par)
-    if cluster.cost_model == "profiled":
-        return ProfiledCostModel.from_file(cluster.profile, cluster.model, cluster.gpu, cluster.perf, par)
+    if contended or cluster.cost_model == "profiled":
+        path = cluster.contended_profile if contended else cluster.profile
+        assert path is not None   # checked in cluster_from_config
+        return ProfiledCostModel.from_file(path, cluster.model, cluster.gpu, cluster.perf, par)
     return RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)

@@ -295,10 +295,9 @@ class SimBackend:
         self.mark_stale(e)
         if e.ships_decodes and e.scheduler.has_decodes:
             self._ship_decodes(e)
-        shared = self._shared_host
-        running = self._running[e.id]
-        plan, end = e.start_step(self.loop.now, shared and self._num_running - int(running) > 0)
-        if shared and (end is not None) != running:
+        shared = self._shared_host   # (without it, no per-step read of the host's state)
+        plan, end = e.start_step(self.loop.now, shared and self._num_running - int(self._running[e.id]) > 0)
+        if shared and (end is not None) != self._running[e.id]:
             self._host_changed(e, end is not None)
         if plan.outputs:
             self._act(e, plan.outputs)

@@ -4,6 +4,14 @@
 without `--write` it reruns the set and reports every configuration whose lifecycle changed; `--print`
 prints them (tests/test_native.py compares the compiled simulator's with the sources'). A change to
 the simulator that must not move any result (a refactoring) keeps every hash.
+
+The bytes are exact floats, so they may depend on the machine's numpy: its vectorised kernels (exp,
+sums) are chosen by the CPU's SIMD level and can round the last bit differently. Measured at one
+commit: 7 of the 12 hashes recorded on an earlier development machine differ on an AMD EPYC with AVX2
+only (numpy 2.4.6), while heavy_prefill's rollout times (colocate and Prorsa, seed 0) agree with the
+committed reference results to every digit. The file records where its hashes were made; on another
+kind of machine, record the base commit's hashes there first (`git stash; python
+scripts/lifecycle_hashes.py --write; git stash pop`).
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +63,13 @@ def lifecycle_hash(overrides: list[str]) -> str:
     return hashlib.sha256(buf.getvalue()).hexdigest()
 
 
+def recorded_on() -> dict[str, str]:
+    """What the bytes depend on besides the code: numpy's version and the SIMD levels it runs with."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__   # (np.show_runtime's source)
+    simd = [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    return {"numpy": np.__version__, "simd": " ".join(simd)}
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -64,11 +80,17 @@ def main() -> int:
     if args.print:
         print(json.dumps(hashes, indent=1))
         return 0
+    here = recorded_on()
     if args.write:
-        REFERENCE.write_text(json.dumps(hashes, indent=2) + "\n")
+        REFERENCE.write_text(json.dumps({"recorded_on": here, "hashes": hashes}, indent=2) + "\n")
         logging.info("wrote %d hashes to %s", len(hashes), REFERENCE.relative_to(ROOT))
         return 0
-    reference = json.loads(REFERENCE.read_text())
+    data = json.loads(REFERENCE.read_text())
+    if data["recorded_on"] != here:
+        logging.warning("the hashes were recorded with %s, this machine has %s: a difference below may be the "
+                        "machine's rounding, not the code (record the base commit's hashes here first)",
+                        data["recorded_on"], here)
+    reference = data["hashes"]
     changed = [n for n in CONFIGS if reference.get(n) != hashes[n]]
     for name in CONFIGS:
         logging.info("%-34s %s", name, "CHANGED" if name in changed else "same")

@@ -200,6 +200,21 @@ SETTINGS: dict[str, list[str]] = {
     "planner_dumper_deepseek_async": ["workload=trace", "workload.path={traces}/planner_dumper.jsonl",
                                       "workload.batch_size=64", "cluster=deepseek_v3_h200", "mode=async",
                                       "mode.max_in_flight=256"],
+    # Fourteenth group, chosen and committed before its first run: two new trace families, a debate agent
+    # (long answers, each met by an opponent model's long rebuttal after ~2 s: as much prefill as decode)
+    # in async with kv_both switching, and a text-to-SQL agent (a long schema, short queries, a result
+    # table that is large three times in ten) on dense8 in sync and on the paper-kind DeepSeek-V3 cluster
+    # in async with the drain switch; both families in every step on Qwen3-235B with SGLang's steps.
+    "debater_kvboth_async": ["workload=trace", "workload.path={traces}/debater.jsonl", "workload.batch_size=64",
+                             "cluster=moe_h200", "cluster.switch_mechanism=kv_both", "mode=async",
+                             "mode.max_in_flight=256"],
+    "sql_dense8_sync": ["workload=trace", "workload.path={traces}/sql.jsonl", "workload.batch_size=64",
+                        "cluster=dense8_h100"],
+    "sql_deepseek_drain_async": ["workload=trace", "workload.path={traces}/sql.jsonl", "workload.batch_size=64",
+                                 "cluster=deepseek_v3_h200", "cluster.switch_mechanism=drain", "mode=async",
+                                 "mode.max_in_flight=256"],
+    "sql_debater_qwen235_sglang_sync": ["workload=trace", "workload.path={traces}/sql_debater.jsonl",
+                                        "workload.batch_size=64", "cluster=qwen235_h200", "cluster.engine=sglang"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 
@@ -235,7 +250,12 @@ def write_traces(directory: Path) -> None:
       ~40-token actions, each answered by a ~150-token observation after ~0.1 s; a ~600-token summary;
     - dumper (a browser that sometimes dumps a whole page): a ~1.2k-token question; 4-10 turns of
       ~250-token answers, after ~0.5 s a ~100-token tool output (85%) or a ~15k-token page (15%);
-    - planner_dumper: both of those families in every step, 64 groups of each, alternating."""
+    - planner_dumper: both of those families in every step, 64 groups of each, alternating;
+    - debater (a debate agent against an opponent model): a ~500-token motion; 3-6 turns of ~1.5k-token
+      arguments, each answered by a ~1.5k-token rebuttal after ~2 s; a ~300-token closing statement;
+    - sql (a text-to-SQL agent): a ~4k-token schema; 3-8 turns of ~120-token queries, each answered after
+      ~0.3 s by a result table of ~200 tokens (70%) or ~6k tokens (30%); a ~200-token answer;
+    - sql_debater: both of those families in every step, 64 groups of each, alternating."""
     rng = np.random.default_rng(2026)
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
@@ -340,13 +360,27 @@ def write_traces(directory: Path) -> None:
                  for _ in range(int(rng.integers(4, 11)) - 1)]
         return positional(group, "dumper", prompt, turns + [(lognormal(500, 0.4, 50, 3000), 0, 0.0)])
 
+    def debater(group: int, prompt: int) -> dict:
+        turns = [(lognormal(1500, 0.4, 100, 6000), lognormal(1500, 0.4, 100, 6000), 2.0 * np.exp(0.5 * rng.standard_normal()))
+                 for _ in range(int(rng.integers(3, 7)) - 1)]
+        return positional(group, "debater", prompt, turns + [(lognormal(300, 0.4, 20, 2000), 0, 0.0)])
+
+    def sql(group: int, prompt: int) -> dict:
+        def table() -> int:
+            return lognormal(6000, 0.4, 1000, 16000) if rng.random() < 0.3 else lognormal(200, 0.6, 10, 2000)
+        turns = [(lognormal(120, 0.5, 10, 800), table(), 0.3 * np.exp(0.8 * rng.standard_normal()))
+                 for _ in range(int(rng.integers(3, 9)) - 1)]
+        return positional(group, "sql", prompt, turns + [(lognormal(200, 0.4, 20, 1500), 0, 0.0)])
+
     for name, make, prompt, stream in (("triage", triage, (1000, 0.3, 200, 4000), 11),
                                        ("coder", coder, (6000, 0.3, 1000, 20000), 13),
                                        ("survey", survey, (800, 0.3, 100, 3000), 17),
                                        ("verifier", verifier, (1500, 0.3, 300, 5000), 19),
                                        ("solver", solver, (400, 0.3, 50, 2000), 23),
                                        ("planner", planner, (16000, 0.3, 4000, 40000), 29),
-                                       ("dumper", dumper, (1200, 0.3, 200, 5000), 31)):
+                                       ("dumper", dumper, (1200, 0.3, 200, 5000), 31),
+                                       ("debater", debater, (500, 0.3, 100, 2000), 37),
+                                       ("sql", sql, (4000, 0.3, 1000, 12000), 41)):
         rng = np.random.default_rng(stream)   # each its own stream: added after the others, which stay as they were
         rows = []
         for group in range(128):
@@ -365,6 +399,7 @@ def write_traces(directory: Path) -> None:
             for g in range(32 * block, 32 * block + 32) for t in groups[name][g]]
     write("flip_rag_solver", flip)
     write("planner_dumper", alternating("planner", "dumper"))
+    write("sql_debater", alternating("sql", "debater"))
 
 
 def splits(overrides: list[str]) -> str:

@@ -65,8 +65,11 @@ def lifecycle_hash(overrides: list[str]) -> str:
 
 def recorded_on() -> dict[str, str]:
     """What the bytes depend on besides the code: numpy's version and the SIMD levels it runs with."""
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__   # (np.show_runtime's source)
-    simd = [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    try:   # (np.show_runtime's source; numpy._core from numpy 2, numpy.core before)
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath
+    simd = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
     return {"numpy": np.__version__, "simd": " ".join(simd)}
 
 

@@ -264,7 +264,7 @@ class Mixture:
     """Draws from a mixture of modes, its arrays built once (a trajectory draws from it per turn).
     A pick is numpy's `Generator.choice(len(modes), p=weights)` written out: the same uniform draw
     and the same search of the normalised cumulative weights, so the same numbers, without choice's
-    per-call checks (a fifth of generating a batch)."""
+    per-call checks (about a quarter of generating a batch)."""
 
     def __init__(self, modes: tuple[Mode, ...]):
         self.modes = modes

@@ -215,6 +215,20 @@ SETTINGS: dict[str, list[str]] = {
                                  "mode.max_in_flight=256"],
     "sql_debater_qwen235_sglang_sync": ["workload=trace", "workload.path={traces}/sql_debater.jsonl",
                                         "workload.batch_size=64", "cluster=qwen235_h200", "cluster.engine=sglang"],
+    # Fifteenth group, chosen and committed before its first run, on cluster sizes and shapes the
+    # fourteenth's families have not met: the debater on dense8 in sync and on four SGLang engines with
+    # the drain switch in sync; SQL on 32 engines of moe_h200 in async (31 splits); both families on
+    # dense TP4 engines in async with kv_both switching.
+    "debater_dense8_sync": ["workload=trace", "workload.path={traces}/debater.jsonl", "workload.batch_size=64",
+                            "cluster=dense8_h100"],
+    "debater_sglang4_drain_sync": ["workload=trace", "workload.path={traces}/debater.jsonl", "workload.batch_size=64",
+                                   "cluster=moe_h200_sglang", "cluster.num_engines=4",
+                                   "cluster.switch_mechanism=drain"],
+    "sql_moe32_async": ["workload=trace", "workload.path={traces}/sql.jsonl", "workload.batch_size=64",
+                        "cluster=moe_h200", "cluster.num_engines=32", "mode=async", "mode.max_in_flight=512"],
+    "sql_debater_dense_kvboth_async": ["workload=trace", "workload.path={traces}/sql_debater.jsonl",
+                                       "workload.batch_size=64", "cluster=dense_h100",
+                                       "cluster.switch_mechanism=kv_both", "mode=async", "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 

@@ -328,8 +328,11 @@ def write_traces(directory: Path) -> None:
             groups[name].append([make(group, shared) for _ in range(8)])
         write(name, [t for g in groups[name] for t in g])
 
-    def positional(group: int, family: str, prompt: int, turns: list[tuple[int, int, float]]) -> dict:
-        """A trajectory from its turns' (output, tool output, tool latency), drawn by position."""
+    def positional(group: int, family: str, prompt: int, turns: list[tuple[int, int, float]],
+                   answer: tuple[float, float, int, int]) -> dict:
+        """A trajectory from its turns' (output, tool output, tool latency), drawn by position, then a
+        final answer of `lognormal(*answer)` tokens that calls no tool (drawn after the turns)."""
+        turns = turns + [(lognormal(*answer), 0, 0.0)]
         return chain(group, family, prompt, len(turns), iter(turns).__next__)
 
     def coder(group: int, prompt: int) -> dict:
@@ -340,7 +343,7 @@ def write_traces(directory: Path) -> None:
                 turns.append((lognormal(400, 0.5, 20, 3000), lognormal(50, 0.3, 5, 400), 0.1 * np.exp(0.3 * rng.standard_normal())))
             else:
                 turns.append((lognormal(30, 0.4, 5, 200), lognormal(2000, 0.6, 100, 12000), 4.0 * np.exp(0.4 * rng.standard_normal())))
-        return positional(group, "coder", prompt, turns + [(lognormal(1500, 0.4, 200, 6000), 0, 0.0)])
+        return positional(group, "coder", prompt, turns, (1500, 0.4, 200, 6000))
 
     def survey(group: int, prompt: int) -> dict:
         deep = rng.random() < 0.3
@@ -348,14 +351,14 @@ def write_traces(directory: Path) -> None:
         turns = [(lognormal(200, 0.5, 10, 2000), lognormal(6000, 0.4, 1000, 16000), 0.5 * np.exp(0.5 * rng.standard_normal()))
                  if deep else (lognormal(400, 0.5, 10, 3000), lognormal(1000, 0.5, 100, 6000), 0.5 * np.exp(0.5 * rng.standard_normal()))
                  for _ in range(n - 1)]
-        return positional(group, "survey", prompt, turns + [(lognormal(2000, 0.4, 200, 8000), 0, 0.0)])
+        return positional(group, "survey", prompt, turns, (2000, 0.4, 200, 8000))
 
     def verifier(group: int, prompt: int) -> dict:
         def report():   # a checker report's tokens and latency
             return lognormal(3000, 0.5, 200, 12000), 1.5 * np.exp(0.5 * rng.standard_normal())
         turns = [(lognormal(2500, 0.5, 200, 12000), *report())]
         turns += [(lognormal(100, 0.5, 10, 800), *report()) for _ in range(int(rng.integers(2, 7)))]
-        return positional(group, "verifier", prompt, turns + [(lognormal(300, 0.4, 20, 2000), 0, 0.0)])
+        return positional(group, "verifier", prompt, turns, (300, 0.4, 20, 2000))
 
     def solver(group: int, prompt: int) -> dict:
         def draw():
@@ -365,26 +368,26 @@ def write_traces(directory: Path) -> None:
     def planner(group: int, prompt: int) -> dict:
         turns = [(lognormal(40, 0.5, 5, 400), lognormal(150, 0.6, 10, 2000), 0.1 * np.exp(0.5 * rng.standard_normal()))
                  for _ in range(int(rng.integers(8, 21)) - 1)]
-        return positional(group, "planner", prompt, turns + [(lognormal(600, 0.4, 50, 3000), 0, 0.0)])
+        return positional(group, "planner", prompt, turns, (600, 0.4, 50, 3000))
 
     def dumper(group: int, prompt: int) -> dict:
         def page() -> int:
             return lognormal(15000, 0.3, 4000, 30000) if rng.random() < 0.15 else lognormal(100, 0.5, 5, 1000)
         turns = [(lognormal(250, 0.5, 10, 2000), page(), 0.5 * np.exp(0.6 * rng.standard_normal()))
                  for _ in range(int(rng.integers(4, 11)) - 1)]
-        return positional(group, "dumper", prompt, turns + [(lognormal(500, 0.4, 50, 3000), 0, 0.0)])
+        return positional(group, "dumper", prompt, turns, (500, 0.4, 50, 3000))
 
     def debater(group: int, prompt: int) -> dict:
         turns = [(lognormal(1500, 0.4, 100, 6000), lognormal(1500, 0.4, 100, 6000), 2.0 * np.exp(0.5 * rng.standard_normal()))
                  for _ in range(int(rng.integers(3, 7)) - 1)]
-        return positional(group, "debater", prompt, turns + [(lognormal(300, 0.4, 20, 2000), 0, 0.0)])
+        return positional(group, "debater", prompt, turns, (300, 0.4, 20, 2000))
 
     def sql(group: int, prompt: int) -> dict:
         def table() -> int:
             return lognormal(6000, 0.4, 1000, 16000) if rng.random() < 0.3 else lognormal(200, 0.6, 10, 2000)
         turns = [(lognormal(120, 0.5, 10, 800), table(), 0.3 * np.exp(0.8 * rng.standard_normal()))
                  for _ in range(int(rng.integers(3, 9)) - 1)]
-        return positional(group, "sql", prompt, turns + [(lognormal(200, 0.4, 20, 1500), 0, 0.0)])
+        return positional(group, "sql", prompt, turns, (200, 0.4, 20, 1500))
 
     for name, make, prompt, stream in (("triage", triage, (1000, 0.3, 200, 4000), 11),
                                        ("coder", coder, (6000, 0.3, 1000, 20000), 13),

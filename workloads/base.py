@@ -255,11 +255,6 @@ def _normal_loglik(x: np.ndarray, w: np.ndarray, mu: np.ndarray, sd: np.ndarray)
     return float(np.log(np.maximum(dens.sum(axis=1), 1e-300)).sum())
 
 
-def mode_probabilities(modes: tuple[Mode, ...]) -> np.ndarray:
-    w = np.array([m.weight for m in modes], dtype=float)
-    return w / w.sum()
-
-
 class Mixture:
     """Draws from a mixture of modes, its arrays built once (a trajectory draws from it per turn).
     A pick is numpy's `Generator.choice(len(modes), p=weights)` written out: the same uniform draw
@@ -268,7 +263,8 @@ class Mixture:
 
     def __init__(self, modes: tuple[Mode, ...]):
         self.modes = modes
-        cdf = mode_probabilities(modes).cumsum()
+        w = np.array([m.weight for m in modes], dtype=float)
+        cdf = (w / w.sum()).cumsum()   # choice's: the probabilities' cumulative sum, over its last value
         cdf /= cdf[-1]
         self.cdf = cdf
         self.median = np.array([m.median for m in modes])

@@ -465,11 +465,11 @@ class SimBackend:
         if self.finished:
             raise ValueError("backend.fork: the run has finished; fork a run in progress")
         replace = replace or {}
-        heap = self.loop.without_observers()
+        kept = self.loop.without_observers()
         try:
             data = pickled(root, replace)
         finally:
-            self.loop.restore(heap)
+            self.loop.restore(kept)
         return unpickled(data, replace)
 
 

@@ -162,3 +162,35 @@ def test_the_balance_rule_comes_from_the_cluster_config():
     engines = [state(0, 20), state(1, 5)]
     assert pick(engines, 0, decode_load, tight).engine_id == 1
     assert pick(engines, 0, decode_load).engine_id == 0
+
+
+def test_a_view_keeps_the_states_it_was_given(small, monkeypatch):
+    """Views share the backend's list of states until it is re-read: one still held is copied first,
+    so every view handed out during a run still shows, at the end, what it showed when made."""
+    kept = SimBackend.view
+    views = []
+
+    def view(self):
+        v = kept(self)
+        views.append((v, list(v.engines), [EngineState(**vars(s)) for s in v.engines]))
+        return v
+
+    monkeypatch.setattr(SimBackend, "view", view)
+    simulate(small + ["cluster.num_engines=3"], policy=switching())
+    assert len(views) > 20 and len({id(v.engines) for v, _, _ in views}) > 20
+    for v, given, values in views:
+        assert v.engines == given and all(a is b for a, b in zip(v.engines, given))
+        assert v.engines == values   # the states themselves are never changed in place
+
+
+def test_a_dropped_view_lets_the_next_read_reuse_the_list(small):
+    _, _, backend = simulate(small + ["policy=colocate", "mode.num_steps=1", "workload.batch_size=2"])
+    states = backend.view().engines       # only the backend (and this name) hold it now
+    del states
+    before = id(backend._states)
+    backend.mark_stale(backend.engines[0])
+    backend.view()
+    assert id(backend._states) == before
+    held = backend.view()
+    backend.mark_stale(backend.engines[0])
+    assert backend.view().engines is not held.engines

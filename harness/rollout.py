@@ -74,7 +74,7 @@ class RolloutDriver:
         self.workload, self.policy, self.backend, self.mode = workload, policy, backend, mode
         self.keep_events = keep_events
         self.events: list[LifecycleEvent] = []
-        self.records: dict[tuple[int, int], TurnRecord] = {}
+        self.records: dict[int, list[TurnRecord]] = {}   # trajectory -> its turns' records, in turn order
         self.scripts: dict[int, TrajectoryScript] = {}
         self.context: dict[int, int] = {}          # trajectory -> prompt tokens of its current turn
         self.batch_traj = workload.batch_size * workload.group_size
@@ -108,7 +108,7 @@ class RolloutDriver:
         if self.mode.name == "async":
             self.step_windows = [(0.0, self.finished_at)]
         rollout = sum(b - a for a, b in self.step_windows)
-        records = sorted(self.records.values(), key=lambda r: (r.trajectory_id, r.turn))
+        records = [r for tid in sorted(self.records) for r in self.records[tid]]
         scripts = sorted(self.scripts.values(), key=lambda s: s.trajectory_id)
         return RolloutResult(records, scripts, self.step_windows, rollout, self.role_switches, self.events)
 
@@ -140,9 +140,9 @@ class RolloutDriver:
         req = TurnRequest(trajectory_id=tid, group_id=script.group_id, turn=turn, family=script.family,
                           prompt_tokens=self.context[tid], appended_tokens=appended,
                           max_output_tokens=script.max_output_tokens, output_tokens=t.output_tokens, t_ready=now)
-        self.records[(tid, turn)] = TurnRecord(trajectory_id=tid, group_id=script.group_id, step=script.step,
-                                               family=script.family, turn=turn, t_ready=now,
-                                               prompt_tokens=req.prompt_tokens)
+        self.records.setdefault(tid, []).append(TurnRecord(
+            trajectory_id=tid, group_id=script.group_id, step=script.step, family=script.family, turn=turn,
+            t_ready=now, prompt_tokens=req.prompt_tokens))
         self._emit(LifecycleEvent(EventKind.TURN_READY, now, tid, turn, tokens=appended))
         self._route_and_submit(req)
 
@@ -153,7 +153,7 @@ class RolloutDriver:
             self.parked.append(req)
             return
         check_route(route, view, req)
-        rec = self.records[(req.trajectory_id, req.turn)]
+        rec = self.records[req.trajectory_id][req.turn]
         rec.engine_prefill, rec.engine_decode = route.prefill_engine, route.decode_engine
         self.backend.submit(req, route)
 
@@ -217,7 +217,8 @@ class RolloutDriver:
 
     def _on_event(self, e: LifecycleEvent) -> None:
         K = EventKind
-        rec = self.records.get((e.trajectory_id, e.turn))
+        turns = self.records.get(e.trajectory_id)
+        rec = turns[e.turn] if turns is not None else None
         if e.kind == K.PREFILL_START:
             if math.isnan(rec.t_prefill_start):
                 rec.t_prefill_start = e.t
@@ -262,7 +263,7 @@ class RolloutDriver:
 
     def _after_decode(self, tid: int, turn: int) -> None:
         script = self.scripts[tid]
-        rec = self.records[(tid, turn)]
+        rec = self.records[tid][turn]
         if turn + 1 == len(script.turns):
             rec.t_tool_end = rec.t_decode_end
             self._trajectory_end(tid)
@@ -271,7 +272,7 @@ class RolloutDriver:
         self.backend.call_later(script.turns[turn].tool_latency_s, partial(self._tool_done, script, turn))
 
     def _tool_done(self, script: TrajectoryScript, turn: int) -> None:
-        rec = self.records[(script.trajectory_id, turn)]
+        rec = self.records[script.trajectory_id][turn]
         rec.t_tool_end = self.backend.now()
         self._emit(LifecycleEvent(EventKind.TOOL_END, rec.t_tool_end, script.trajectory_id, turn,
                                   tokens=script.tool_output_tokens(turn)))

@@ -229,6 +229,17 @@ SETTINGS: dict[str, list[str]] = {
     "sql_debater_dense_kvboth_async": ["workload=trace", "workload.path={traces}/sql_debater.jsonl",
                                        "workload.batch_size=64", "cluster=dense_h100",
                                        "cluster.switch_mechanism=kv_both", "mode=async", "mode.max_in_flight=256"],
+    # Sixteenth group, chosen and committed before its first run: GPUs no setting ran on before (the
+    # catalogue's H20, a seventh of an H100's compute at 1.2x its memory bandwidth; the A100; the H800,
+    # whose NVLink is about a third of the H100's) and a model with full multi-head attention
+    # (Llama-2-7B: 3.6 times Qwen3-8B's KV bytes per token: 32 KV heads in 32 layers against 8 in 36).
+    "browse_h20_dense8_sync": ["workload=browse", "cluster=dense8_h100", "cluster.gpu=h20"],
+    "tooluse_a100_llama_async": ["workload=tooluse", "cluster=dense8_h100", "cluster.gpu=a100",
+                                 "cluster.model=llama2_7b", "mode=async", "mode.max_in_flight=256"],
+    "swe_h800_moe_sync": ["workload=swe", "cluster=moe_h200", "cluster.gpu=h800"],
+    "rag_h20_dense32_kvboth_async": ["workload=trace", "workload.path={traces}/rag.jsonl", "workload.batch_size=64",
+                                     "cluster=dense_h100", "cluster.gpu=h20", "cluster.switch_mechanism=kv_both",
+                                     "mode=async", "mode.max_in_flight=256"],
 }
 ENGINES = 8  # every cluster preset's size; a setting may override it with cluster.num_engines
 

@@ -40,17 +40,18 @@ def rollout(overrides: list[str]) -> tuple[RolloutDriver, object]:
 
 
 def run_benchmark(benchmark, overrides: list[str], rounds: int):
-    backends = []
+    last: list = []   # the newest round's backend only: earlier rounds' memory is freed before the next
 
     def setup():
+        last.clear()
         driver, backend = rollout(overrides)
-        backends.append(backend)
+        last.append(backend)
         return (driver,), {}
 
     result = benchmark.pedantic(lambda driver: driver.run(), setup=setup, rounds=rounds, iterations=1)
-    turns, events = len(result.records), backends[-1].loop.events_processed
+    turns, events = len(result.records), last[0].loop.events_processed
     info = {"trajectories": len(result.scripts), "turns": turns, "events": events,
-            "simulated_s": result.rollout_time_s, "gpus": backends[-1].cluster.num_gpus,
+            "simulated_s": result.rollout_time_s, "gpus": last[0].cluster.num_gpus,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if benchmark.stats:   # none under --benchmark-disable
         wall = benchmark.stats.stats.min

@@ -91,7 +91,12 @@ class RolloutDriver:
 
     # --- public -------------------------------------------------------------------------------
     def run(self) -> RolloutResult:
-        self.backend.call_later(0.0, self._begin)   # the first batch is drawn inside the backend's run
+        if self.mode.name == "sync":
+            self._start_sync_step(0)
+        else:
+            self._fill_async()
+        if self.policy.control_interval_s:
+            self.backend.call_later(0.0, self._control_tick)
         return self.resume()
 
     def resume(self) -> RolloutResult:
@@ -108,14 +113,6 @@ class RolloutDriver:
         return RolloutResult(records, scripts, self.step_windows, rollout, self.role_switches, self.events)
 
     # --- trajectory lifecycle ------------------------------------------------------------------
-    def _begin(self) -> None:
-        if self.mode.name == "sync":
-            self._start_sync_step(0)
-        else:
-            self._fill_async()
-        if self.policy.control_interval_s:
-            self.backend.call_later(0.0, self._control_tick)
-
     def _batch(self, step: int) -> list[TrajectoryScript]:
         if step not in self._pending_batches:
             scripts = self.workload.batch(step)

@@ -3,6 +3,7 @@ heap, the bucket being run or a later bucket (checked against one plain heap of 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 
 import pytest
@@ -35,6 +36,8 @@ def test_events_run_in_time_then_sequence_order(seed):
 
     for _ in range(200):
         schedule(rng.choice((0.0, rng.random() * 30)), rng.random() < 0.3)
+    for t in (math.inf, math.inf, 2.0 ** 62, 1e300):   # the last bucket's times, inf after any finite one
+        schedule(t, False)
     assert loop.run() is True
     order = [heapq.heappop(expected) for _ in range(len(expected))]
     assert len(ran) == len(order) == loop.events_processed > 1000
@@ -57,8 +60,9 @@ def test_observers_left_behind_and_restored():
     assert loop.run() is True and ran == ["sample 0.6", "sample 7", "work 9"]
 
 
-def test_an_event_in_the_past_is_refused():
+@pytest.mark.parametrize("t", [1.0, math.nan])
+def test_an_event_in_the_past_is_refused(t):
     loop = EventLoop()
-    loop.at(2.0, lambda: loop.at(1.0, lambda: None))
+    loop.at(2.0, lambda: loop.at(t, lambda: None))
     with pytest.raises(RuntimeError, match="in the past"):
         loop.run()

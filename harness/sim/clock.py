@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from typing import Callable, Final
 
 from mypy_extensions import mypyc_attr
 
-# Simulated seconds per bucket. Tool calls last seconds (their latencies are drawn over 0.1-30 s), so
-# the bucket being run holds about one second's new events. Any width gives the same order of events;
-# this one only sets how small the heap that is sifted stays.
-BUCKET_S = 1.0
+# Simulated seconds per bucket. Tool calls last milliseconds to minutes (configs/workload), so the
+# bucket being run holds about a second's share of them. Any width gives the same order of events; it
+# only sets how small the heap that is sifted stays.
+BUCKET_S: Final = 1.0
+_LAST_BUCKET: Final = 2 ** 62   # times from 2**62 buckets on (and inf) share the last one
 
 Event = tuple[float, int, Callable[[], None], bool]
 
@@ -38,7 +39,7 @@ class EventLoop:
     def at(self, t: float, callback: Callable[[], None], observer: bool = False) -> None:
         """Run `callback` at time `t`. An observer's callback only reads state (sampling, progress);
         a fork of the simulation leaves it behind (`without_observers`)."""
-        if t < self.now:
+        if not t >= self.now:   # (NaN too)
             raise RuntimeError(f"event scheduled in the past: {t} < {self.now}")
         self._seq += 1
         self._push((t, self._seq, callback, observer))
@@ -57,7 +58,7 @@ class EventLoop:
 
     def at_engine(self, t: float, callback: Callable[[], None]) -> None:
         """`at` for an engine's own step (ordered with every other event)."""
-        if t < self.now:
+        if not t >= self.now:
             raise RuntimeError(f"event scheduled in the past: {t} < {self.now}")
         self._seq += 1
         heapq.heappush(self._engine, (t, self._seq, callback, False))
@@ -97,4 +98,4 @@ class EventLoop:
 
 
 def _bucket(t: float) -> int:
-    return math.floor(t / BUCKET_S) if t < math.inf else 2 ** 62
+    return math.floor(t / BUCKET_S) if t < _LAST_BUCKET * BUCKET_S else _LAST_BUCKET

@@ -108,7 +108,6 @@ class SimBackend:
         # Views share the list instead of copying it (256 references per routing call on a 1,024-GPU
         # cluster); a re-read copies it first if a view handed out since still holds it.
         self._states_alone = self._states_refs()    # its reference count while only this holds it
-        self._states_lent = False
         self._gen = 0                                   # bumped whenever a state is re-read
         self._roles: dict[Role, _RoleIndex] | None = None   # available engines per role, by id
         self._cost_models: dict[Parallelism, CostModel] = {}
@@ -201,7 +200,6 @@ class SimBackend:
             self._refresh()
         view = _SimView(self.loop.now, self._states)
         view._backend, view._gen = self, self._gen
-        self._states_lent = True
         return view
 
     def _states_refs(self) -> int:
@@ -221,10 +219,8 @@ class SimBackend:
             inbound_requests=self._inbound[e.id], launched_as=e.launched_as)
 
     def _refresh(self) -> None:
-        if self._states_lent:
-            if self._states_refs() > self._states_alone:
-                self._states = list(self._states)   # copy on write: that view keeps what it was given
-            self._states_lent = False
+        if self._states_refs() > self._states_alone:
+            self._states = list(self._states)   # copy on write: a view still holding it keeps what it was given
         states, roles = self._states, self._roles
         for e in self._stale:
             e.stale = False

@@ -821,6 +821,52 @@ def test_whatif_continues_a_decode_under_way_on_its_decode_engine(monkeypatch):
     assert {f.trajectory_id: f.prefilled for f in live} == {0: True, 1: False}
 
 
+def test_whatif_keeps_a_decode_whose_prefill_engine_kv_both_has_switched(monkeypatch):
+    """kv_both: a disaggregated turn whose prefill is done decodes on its decode engine, whatever its
+    prefill engine has become since: the what-if continues its decode there and runs no prefill again
+    (it used to route such a turn as new once engine 0 had switched to decode)."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.sim.backend import SimBackend
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=3", "cluster.switch_mechanism=kv_both"])
+    legs = _record_legs(monkeypatch, SimBackend)
+    decoding = FutureTrajectory(0, "f", 0.0, [FutureTurn(20_000, 19_999, 50, 0.0)], decode_engine=1,
+                                prefill_engine=0, in_progress=True, route=Route(0, 1), prefilled=True)
+    roles = [Role.DECODE, Role.DECODE, Role.PREFILL]    # engine 0 has switched to decode since
+    ends = WhatIf(cluster, 5, 4.0).run([decoding], roles, roles).ends
+    assert len(ends) == 1 and legs == [(0, "decode", Route(0, 1))]
+
+
+@pytest.mark.parametrize("migrate, kept", [(False, True), (True, False)])
+def test_whatif_keeps_a_colocated_turn_on_an_engine_kv_both_turned_into_a_prefill_engine(monkeypatch, migrate, kept):
+    """kv_both drains nothing: a colocated turn under way on an engine that has since become a prefill
+    engine stays there and decodes there, in the what-if as on the engines (it used to be routed again
+    as new, onto the decode engines). With decode migration its decode leaves for a decode engine, and
+    the what-if routes the turn again."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.sim.backend import SimBackend
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=kv_both",
+                          f"cluster.migrate_decodes_on_switch={str(migrate).lower()}"])
+    legs = _record_legs(monkeypatch, SimBackend)
+    running = FutureTrajectory(0, "f", 0.0, [FutureTurn(2_000, 0, 50, 0.0)], in_progress=True, route=Route(0, 0))
+    roles = [Role.PREFILL, Role.DECODE]
+    ends = WhatIf(cluster, 5, 4.0).run([running], roles, roles).ends
+    assert len(ends) == 1
+    assert (legs[0] == (0, "prefill", Route(0, 0))) is kept
+    if not kept:
+        assert legs[0][2] == Route(0, 1)     # routed again: prefilled on 0, decoded on the decode engine
+
+
+def _record_legs(monkeypatch, backend_cls) -> list[tuple[int, str, Route]]:
+    """The legs the what-if submits, in order: (trajectory, 'prefill' or 'decode', route)."""
+    legs: list[tuple[int, str, Route]] = []
+    submit, submit_decode = backend_cls.submit, backend_cls.submit_decode
+    monkeypatch.setattr(backend_cls, "submit", lambda self, req, route: (
+        legs.append((req.trajectory_id, "prefill", route)), submit(self, req, route))[1])
+    monkeypatch.setattr(backend_cls, "submit_decode", lambda self, req, route: (
+        legs.append((req.trajectory_id, "decode", route)), submit_decode(self, req, route))[1])
+    return legs
+
+
 @pytest.mark.parametrize("running, learned", [(50, False), (20, True)])
 def test_learned_distribution_waits_until_most_observations_have_ended(running, learned):
     """40 outputs of 50 tokens ended (above min_observations=30). While more turns are still decoding

@@ -840,8 +840,8 @@ def test_whatif_keeps_a_decode_whose_prefill_engine_kv_both_has_switched(monkeyp
 def test_whatif_keeps_a_colocated_turn_on_an_engine_kv_both_turned_into_a_prefill_engine(monkeypatch, migrate, kept):
     """kv_both drains nothing: a colocated turn under way on an engine that has since become a prefill
     engine stays there and decodes there, in the what-if as on the engines (it used to be routed again
-    as new, onto the decode engines). With decode migration its decode leaves for a decode engine, and
-    the what-if routes the turn again."""
+    as new, onto the decode engines). With decode migration its decode would be shipped to a decode
+    engine, and the what-if routes the turn again."""
     from harness.prorsa.whatif import FutureTrajectory, FutureTurn
     from harness.sim.backend import SimBackend
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=kv_both",

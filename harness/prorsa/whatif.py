@@ -573,17 +573,20 @@ class _Run:
 
 
 def _on_engines(ft: FutureTrajectory, roles: list[Role], cluster: ClusterConfig) -> bool:
-    """The trajectory's turn under way is on engines that still hold it, so the what-if continues it
+    """The trajectory's turn under way is on engines that still serve it, so the what-if continues it
     there. Under kv_both that is where the router sent it, whatever the engines' roles are now: a
-    switch drains nothing, and a prefill engine that has switched since holds nothing of a turn it
-    prefilled. Only a decode that migration ships off an engine now a prefill engine leaves; that
-    turn is routed again. The rule by roles alone re-routed such turns as new: on retrieval traces on
-    H20 engines (async, kv_both, seed 2) 37 colocated turns left on engines switched to prefill decoded
+    switch drains nothing, the engines keep their queued and running legs, and a prefilled turn needs
+    nothing more of its prefill engine than the KV it may still be pulling. With decode migration a
+    turn whose decode engine is now a prefill engine is routed again instead, since its decode would
+    be shipped off (the what-if's engines start with `ships_decodes` off, so a kept turn would decode
+    there). The rule by roles alone routed every such turn again as new: on retrieval traces on H20
+    engines (async, kv_both, seed 2) 37 colocated turns left on engines switched to prefill decoded
     for 274 s mean beside 8k-token prefill chunks, the forecast had 32 sequences decoding where 180 did
-    (10-100 s), and Prorsa reached 0.896 / 0.942 / 0.994 of colocation at seeds 0-2 (kept: 1.006 /
-    0.953 / 0.980). Drain and reshard keep the rule by roles: a drain hands queued legs back and lets
-    running ones finish, so the rule errs there only on a prefilled turn whose prefill engine switched
-    since, and changing it moves every drain and reshard run that switches (not done)."""
+    (10-100 s), and colocation's rollout time over Prorsa's was 0.896 / 0.942 / 0.994 at seeds 0-2
+    (kept: 1.006 / 0.953 / 0.980). Drain and reshard keep the rule by roles: a drain hands
+    queued legs back and lets running ones finish, so the rule errs there only on a prefilled turn
+    whose prefill engine switched since, and changing it moves every drain and reshard run that
+    switches (not done)."""
     r = ft.route
     if r is None or not ft.in_progress:
         return False

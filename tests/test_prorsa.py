@@ -755,6 +755,17 @@ def test_whatif_switch_waits_for_the_turn_running_on_the_engine():
     assert ends[0] == pytest.approx(alone, rel=0.01) and alone > 10
 
 
+def _record_legs(monkeypatch, backend_cls) -> list[tuple[int, str, Route]]:
+    """The legs the what-if submits, in order: (trajectory, 'prefill' or 'decode', route)."""
+    legs: list[tuple[int, str, Route]] = []
+    submit, submit_decode = backend_cls.submit, backend_cls.submit_decode
+    monkeypatch.setattr(backend_cls, "submit", lambda self, req, route: (
+        legs.append((req.trajectory_id, "prefill", route)), submit(self, req, route))[1])
+    monkeypatch.setattr(backend_cls, "submit_decode", lambda self, req, route: (
+        legs.append((req.trajectory_id, "decode", route)), submit_decode(self, req, route))[1])
+    return legs
+
+
 def test_whatif_keeps_a_queued_turn_where_the_router_sent_it(monkeypatch):
     """A queued turn (no prefill yet) that the router sent to prefill engine 1 of a 2P1D cluster stays
     there in the what-if, as it does on the engines (kv_both: an engine keeps its queue through a
@@ -776,15 +787,13 @@ def test_whatif_keeps_a_queued_turn_where_the_router_sent_it(monkeypatch):
     assert {f.trajectory_id: f.route for f in live} == {0: Route(1, 2), 1: None}
     assert Phase.TOOL not in ROUTED
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=3", "cluster.switch_mechanism=kv_both"])
-    sent: dict[int, Route] = {}
-    submit = SimBackend.submit
-    monkeypatch.setattr(SimBackend, "submit", lambda self, req, route: (sent.setdefault(req.trajectory_id, route),
-                                                                       submit(self, req, route))[1])
+    legs = _record_legs(monkeypatch, SimBackend)
     queued = FutureTrajectory(0, "f", 0.0, [FutureTurn(3_000, 0, 10, 0.0)], in_progress=True, route=Route(1, 2))
     fresh = FutureTrajectory(1, "f", 0.0, [FutureTurn(3_000, 0, 10, 0.0)], in_progress=True)
     now = [Role.PREFILL, Role.PREFILL, Role.DECODE]
     ends = WhatIf(cluster, 5, 4.0).run([queued, fresh], now, [Role.PREFILL, Role.DECODE, Role.DECODE]).ends
     assert len(ends) == 2
+    sent = {t: route for t, _, route in reversed(legs)}   # each trajectory's first leg
     assert sent[0] == Route(1, 2)               # kept on the engine that is switching away
     assert sent[1].prefill_engine == 0          # routed under the new roles
 
@@ -799,18 +808,13 @@ def test_whatif_continues_a_decode_under_way_on_its_decode_engine(monkeypatch):
     from harness.routing import PrefixTracker
     from harness.sim.backend import SimBackend
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=kv_both"])
-    legs: list[tuple[int, str]] = []
-    submit, submit_decode = SimBackend.submit, SimBackend.submit_decode
-    monkeypatch.setattr(SimBackend, "submit", lambda self, req, route: (legs.append((req.trajectory_id, "prefill")),
-                                                                       submit(self, req, route))[1])
-    monkeypatch.setattr(SimBackend, "submit_decode", lambda self, req, route: (
-        legs.append((req.trajectory_id, "decode")), submit_decode(self, req, route))[1])
+    legs = _record_legs(monkeypatch, SimBackend)
     decoding = FutureTrajectory(0, "f", 0.0, [FutureTurn(20_000, 19_999, 50, 0.0)], decode_engine=1, prefill_engine=0,
                                 in_progress=True, route=Route(0, 1), prefilled=True)
     queued = FutureTrajectory(1, "f", 0.0, [FutureTurn(2_000, 0, 50, 0.0)], in_progress=True, route=Route(0, 1))
     roles = [Role.PREFILL, Role.DECODE]
     ends = WhatIf(cluster, 5, 4.0).run([decoding, queued], roles, roles).ends
-    assert len(ends) == 2 and sorted(legs) == [(0, "decode"), (1, "prefill")]
+    assert len(ends) == 2 and sorted((t, kind) for t, kind, _ in legs) == [(0, "decode"), (1, "prefill")]
     one = {"f": np.array([10.0])}
     sampler = FutureSampler(outputs=one, tool_latency=one, tool_outputs=one, turns={"f": np.array([1.0])},
                             first_prompts=one, max_context={"f": 10**6})
@@ -854,17 +858,6 @@ def test_whatif_keeps_a_colocated_turn_on_an_engine_kv_both_turned_into_a_prefil
     assert (legs[0] == (0, "prefill", Route(0, 0))) is kept
     if not kept:
         assert legs[0][2] == Route(0, 1)     # routed again: prefilled on 0, decoded on the decode engine
-
-
-def _record_legs(monkeypatch, backend_cls) -> list[tuple[int, str, Route]]:
-    """The legs the what-if submits, in order: (trajectory, 'prefill' or 'decode', route)."""
-    legs: list[tuple[int, str, Route]] = []
-    submit, submit_decode = backend_cls.submit, backend_cls.submit_decode
-    monkeypatch.setattr(backend_cls, "submit", lambda self, req, route: (
-        legs.append((req.trajectory_id, "prefill", route)), submit(self, req, route))[1])
-    monkeypatch.setattr(backend_cls, "submit_decode", lambda self, req, route: (
-        legs.append((req.trajectory_id, "decode", route)), submit_decode(self, req, route))[1])
-    return legs
 
 
 @pytest.mark.parametrize("running, learned", [(50, False), (20, True)])

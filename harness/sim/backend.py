@@ -383,7 +383,7 @@ class SimBackend:
         if not s.resumed:   # (a migrated decode reported its move: DECODE_MIGRATED)
             self._on_event(_event(EventKind.TRANSFER_END, self.loop.now, r.trajectory_id, r.turn, d, tokens, 0))
         e = self.engines[d]
-        e.scheduler.transfer_done(s)
+        e.scheduler.transfer_done(s, tokens)
         self._wake(e)
 
     # --- role switches ------------------------------------------------------------------------

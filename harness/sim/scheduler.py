@@ -74,7 +74,6 @@ class SimRequest:
     started_prefill: bool
     recompute: bool                 # preempted before: prefill prompt + generated, no handoff
     resumed: int                    # a decode moved here under way: output tokens it had generated
-    loaded: int                     # a decode leg: KV tokens present once its transfer ends
     decode_started: bool            # a decode leg: DECODE_START reported (a moved decode: where it began)
 
     def __init__(self, request: TurnRequest, route: Route, leg: Leg, target: int = 0, resumed: int = 0):
@@ -84,7 +83,7 @@ class SimRequest:
         self.rank, self.status, self.target, self.computed, self.prefilled = -1, _WAITING, target, 0, 0
         self.generated, self.kv_held, self.admit_seq, self.clock0 = 0, 0, 0, 0
         self.started_prefill, self.recompute, self.resumed = False, False, resumed
-        self.loaded, self.decode_started = target, resumed > 0
+        self.decode_started = resumed > 0
 
     @property
     def trajectory_id(self) -> int:
@@ -291,17 +290,19 @@ class Scheduler:
                 r.next_finish = None     # its heap entry is stale now
         return out
 
-    def transfer_done(self, s: SimRequest) -> None:
+    def transfer_done(self, s: SimRequest, tokens: int) -> None:
+        """The `tokens` of KV a decode leg pulled have arrived (its own prefix cache held the rest)."""
         r = self.ranks[s.rank]
-        if s.loaded < s.target - 1:
+        loaded = s.computed + tokens
+        if loaded < s.target - 1:
             # More than the last prompt token is left (whole-block transfers): the rank prefills it, and
             # that prefill samples the first output token. Not a prefill leg: no PREFILL_START or _END.
-            s.computed = s.loaded
+            s.computed = loaded
             s.status = _PREFILLING
             s.started_prefill = True
             s.prefilled = 0
             r.prefilling[s.admit_seq] = s
-            r.pending_prefill += s.target - s.loaded
+            r.pending_prefill += s.target - loaded
             return
         s.computed = s.target
         s.status = _READY
@@ -372,7 +373,7 @@ class Scheduler:
             r.running[s.admit_seq] = s
             if s.leg is Leg.DECODE and not s.recompute:
                 s.status = _TRANSFERRING
-                s.target = s.loaded = need
+                s.target = need
                 tb = self.cfg.transfer_block_tokens
                 if tb > 1 and not s.resumed:
                     # A connector that moves whole blocks loads the prompt but its last token up to a
@@ -381,8 +382,7 @@ class Scheduler:
                     # align_to_block_size(len(prompt)) tokens under a hash of them, so when the prompt is
                     # one token past a block boundary the two lengths differ and the load finds nothing.
                     external = (need - 2) // tb * tb if (need - 1) % tb else 0
-                    s.loaded = max(local, external)
-                    outputs.append(PullKV(s, s.loaded - local))
+                    outputs.append(PullKV(s, max(external - local, 0)))
                 else:
                     # a moved decode's last sampled token has no KV yet (its next step computes it)
                     outputs.append(PullKV(s, max(need - local - (1 if s.resumed else 0), 0)))

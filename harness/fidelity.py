@@ -64,8 +64,9 @@ class FidelityErrors:
     decode_p50_real_s: float
     prefill_tokens_err: float       # computed prompt tokens (prefix-cache hits differ: block granularity)
     # What the real run spent outside the servers, which the simulator does not model: per leg, the
-    # client's time minus the server's (HTTP, the API server, the harness's loop; legs.parquet), median
-    # over the legs, and legs per turn (a disaggregated turn has two). NaN without a leg log.
+    # client's time minus the server's (HTTP, the API server, the harness's loop), median over the legs,
+    # and legs per turn (a disaggregated turn has two); from the real backend's `overhead()`, which
+    # summary.json keeps as `harness_overhead`. NaN without it.
     host_gap_p50_real_s: float = float("nan")
     legs_per_turn_real: float = float("nan")
 
@@ -104,7 +105,7 @@ def role_mismatch(real: pd.DataFrame, sim: pd.DataFrame, t_real: float, t_sim: f
 
 
 def compare(policy: str, real_life: pd.DataFrame, sim_life: pd.DataFrame, real_eng: pd.DataFrame,
-            sim_eng: pd.DataFrame, t_real: float, t_sim: float, real_legs: pd.DataFrame | None = None) -> FidelityErrors:
+            sim_eng: pd.DataFrame, t_real: float, t_sim: float, real_overhead: dict | None = None) -> FidelityErrors:
     """The errors of one policy's simulated run against its real run (module docstring)."""
     lr, ls = turn_latencies(real_life), turn_latencies(sim_life)
     pr, ps = np.percentile(lr, [50, 90, 99]), np.percentile(ls, [50, 90, 99])
@@ -118,16 +119,13 @@ def compare(policy: str, real_life: pd.DataFrame, sim_life: pd.DataFrame, real_e
         turn_mean_signed_err=float(np.mean(per_turn)) if len(both) else float("nan"),
         role_mismatch=role_mismatch(real_eng, sim_eng, t_real, t_sim),
         switches_real=switches(real_eng), switches_sim=switches(sim_eng), turns_matched=len(both),
-        **phase_errors(real_life, sim_life), **host_gap(real_legs, len(lr)))
+        **phase_errors(real_life, sim_life), **host_gap(real_overhead, len(lr)))
 
 
-def host_gap(legs: pd.DataFrame | None, turns: int) -> dict[str, float]:
-    if legs is None or "client_ms" not in legs or not turns:
+def host_gap(overhead: dict | None, turns: int) -> dict[str, float]:
+    if not overhead or not turns:
         return {}
-    ok = legs[legs["status"] == "ok"] if "status" in legs else legs
-    gap = (ok["client_ms"] - ok["server_ms"]).dropna()
-    return {"host_gap_p50_real_s": float(gap.median()) / 1000 if len(gap) else float("nan"),
-            "legs_per_turn_real": len(ok) / turns}
+    return {"host_gap_p50_real_s": overhead["http_gap_ms_p50"] / 1000, "legs_per_turn_real": overhead["legs"] / turns}
 
 
 def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
@@ -145,11 +143,10 @@ def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
 
 
 def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
-    t = [json.loads((d / "summary.json").read_text())["rollout_time_s"] for d in (real_dir, sim_dir)]
-    legs = pd.read_parquet(real_dir / "legs.parquet") if (real_dir / "legs.parquet").exists() else None
+    real, sim = (json.loads((d / "summary.json").read_text()) for d in (real_dir, sim_dir))
     return compare(policy, pd.read_parquet(real_dir / "lifecycle.parquet"), pd.read_parquet(sim_dir / "lifecycle.parquet"),
-                   pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"), t[0], t[1],
-                   legs)
+                   pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"),
+                   real["rollout_time_s"], sim["rollout_time_s"], real.get("harness_overhead"))
 
 
 def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | None:

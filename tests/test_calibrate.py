@@ -147,11 +147,10 @@ def test_fidelity_errors_on_hand_made_runs():
     assert e.switches_real == e.switches_sim == 1 and e.turns_matched == 5
     assert e.ttft_p50_err == pytest.approx(0.1) and e.decode_p50_err == pytest.approx(0.1)
     assert e.ttft_p50_real_s == pytest.approx(0.75) and e.prefill_tokens_err == 0.0
-    assert math.isnan(e.host_gap_p50_real_s)                         # no leg log given
-    # Two legs per turn; client minus server time 30, 50 and 70 ms on the ok legs (a failed one left out).
-    legs = pd.DataFrame({"status": ["ok"] * 10 + ["failed"], "client_ms": [130, 150, 170] * 3 + [150, 999],
-                         "server_ms": [100.0] * 10 + [0.0]})
-    e = compare("fixed_pd", _life(real_lat), _life(sim_lat), real_eng, sim_eng, 100.0, 80.0, legs)
+    assert math.isnan(e.host_gap_p50_real_s)                         # no real backend's overhead given
+    # The real backend's overhead(): 10 ok legs over the 5 turns, client minus server time 50 ms (median).
+    overhead = {"legs": 10, "http_gap_ms_p50": 50.0}
+    e = compare("fixed_pd", _life(real_lat), _life(sim_lat), real_eng, sim_eng, 100.0, 80.0, overhead)
     assert e.host_gap_p50_real_s == pytest.approx(0.050) and e.legs_per_turn_real == pytest.approx(2.0)
 
 

@@ -63,10 +63,18 @@ class FidelityErrors:
     ttft_p50_real_s: float
     decode_p50_real_s: float
     prefill_tokens_err: float       # computed prompt tokens (prefix-cache hits differ: block granularity)
-    # What the real run spent outside the servers, which the simulator does not model: per leg, the
-    # client's time minus the server's (HTTP, the API server, the harness's loop), median over the legs,
-    # and legs per turn (a disaggregated turn has two); from the real backend's `overhead()`, which
-    # summary.json keeps as `harness_overhead`. NaN without it.
+    # The first phases apart, medians over turns: queue (prompt ready -> its prefill's step starts) and
+    # prefill (that step's start -> the prefill's end; for a real turn the server's time to first token).
+    queue_p50_real_s: float = float("nan")
+    queue_p50_sim_s: float = float("nan")
+    prefill_p50_real_s: float = float("nan")
+    prefill_p50_sim_s: float = float("nan")
+    # Per leg, the client's time minus the server's, median over the legs, and legs per turn (a
+    # disaggregated turn has two); from the real backend's `overhead()`, which summary.json keeps as
+    # `harness_overhead`. NaN without it. It holds HTTP, the API server and the harness's loop, which the
+    # simulator does not model, and also the wait for the step the engine is running, which it does:
+    # vLLM timestamps a request QUEUED when its engine core adds it, between two steps
+    # (vllm/v1/core/sched/scheduler.py add_request), and the server's time starts there.
     host_gap_p50_real_s: float = float("nan")
     legs_per_turn_real: float = float("nan")
 
@@ -139,7 +147,11 @@ def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
     pr = float(real["new_tokens"].sum()) if "new_tokens" in real else float("nan")
     ps = float(sim["new_tokens"].sum()) if "new_tokens" in sim else float("nan")
     return {"ttft_p50_err": _rel(ts, tr), "decode_p50_err": _rel(ds, dr), "ttft_p50_real_s": tr,
-            "decode_p50_real_s": dr, "prefill_tokens_err": _rel(ps, pr)}
+            "decode_p50_real_s": dr, "prefill_tokens_err": _rel(ps, pr),
+            "queue_p50_real_s": med(real, "t_ready", "t_prefill_start"),
+            "queue_p50_sim_s": med(sim, "t_ready", "t_prefill_start"),
+            "prefill_p50_real_s": med(real, "t_prefill_start", "t_prefill_end"),
+            "prefill_p50_sim_s": med(sim, "t_prefill_start", "t_prefill_end")}
 
 
 def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
@@ -183,12 +195,14 @@ def report(out: Path, policies: list[str], real_from: Path | None = None) -> lis
     (out / "fidelity.json").write_text(json.dumps([asdict(e) for e in errs], indent=1) + "\n")
     log.info(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
           f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s} {'ttft e':>7s} {'dec e':>7s} {'pf tok':>7s} "
-          f"{'gap ms':>7s} {'legs':>5s}")
+          f"{'queue ms r/s':>13s} {'prefill ms r/s':>15s} {'gap ms':>7s} {'legs':>5s}")
     for e in errs:
         log.info(f"{e.policy:10s} {e.rollout_time_real_s:8.2f} {e.rollout_time_sim_s:8.2f} {e.rollout_time_err:+7.1%} "
               f"{e.p50_err:+8.1%} {e.p90_err:+8.1%} {e.p99_err:+8.1%} {e.turn_median_abs_err:8.1%} "
               f"{e.role_mismatch:6.1%} {e.switches_real:3d}/{e.switches_sim:<3d} {e.ttft_p50_err:+7.1%} "
-              f"{e.decode_p50_err:+7.1%} {e.prefill_tokens_err:+7.1%} {1000 * e.host_gap_p50_real_s:7.0f} "
+              f"{e.decode_p50_err:+7.1%} {e.prefill_tokens_err:+7.1%} "
+              f"{1000 * e.queue_p50_real_s:6.0f}/{1000 * e.queue_p50_sim_s:<6.0f} "
+              f"{1000 * e.prefill_p50_real_s:7.0f}/{1000 * e.prefill_p50_sim_s:<7.0f} {1000 * e.host_gap_p50_real_s:7.0f} "
               f"{e.legs_per_turn_real:5.2f}")
     plot(out, [e.policy for e in errs], real)
     return errs

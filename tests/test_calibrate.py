@@ -123,7 +123,8 @@ def test_fit_kv_transfer_recovers_setup_and_bandwidth():
 
 
 def _life(lat: dict[tuple[int, int], float]) -> pd.DataFrame:
-    rows = [{"trajectory_id": t, "turn": k, "t_ready": 10.0 * k, "t_first_token": 10.0 * k + 0.25 * v,
+    rows = [{"trajectory_id": t, "turn": k, "t_ready": 10.0 * k, "t_prefill_start": 10.0 * k + 0.05 * v,
+             "t_prefill_end": 10.0 * k + 0.25 * v, "t_first_token": 10.0 * k + 0.25 * v,
              "t_decode_end": 10.0 * k + v, "new_tokens": 100} for (t, k), v in lat.items()]
     return pd.DataFrame(rows)
 
@@ -147,6 +148,9 @@ def test_fidelity_errors_on_hand_made_runs():
     assert e.switches_real == e.switches_sim == 1 and e.turns_matched == 5
     assert e.ttft_p50_err == pytest.approx(0.1) and e.decode_p50_err == pytest.approx(0.1)
     assert e.ttft_p50_real_s == pytest.approx(0.75) and e.prefill_tokens_err == 0.0
+    # queue: 5% of each turn's latency (median 3.0 s real, 3.3 s sim); prefill: the next 20%
+    assert (e.queue_p50_real_s, e.queue_p50_sim_s) == (pytest.approx(0.15), pytest.approx(0.165))
+    assert (e.prefill_p50_real_s, e.prefill_p50_sim_s) == (pytest.approx(0.6), pytest.approx(0.66))
     assert math.isnan(e.host_gap_p50_real_s)                         # no real backend's overhead given
     # The real backend's overhead(): 10 ok legs over the 5 turns, client minus server time 50 ms (median).
     overhead = {"legs": 10, "http_gap_ms_p50": 50.0}

@@ -77,14 +77,17 @@ def test_one_turn_disaggregated_whole_block_transfer_known_answer():
 
 def test_whole_block_transfer_misses_one_token_past_a_block_boundary():
     """ExampleConnector stores align(1025) = 1024 tokens but looks up align(1024) = 896: a 1,025-token
-    prompt finds no stored KV, and its decode engine prefills all of it (nothing of it is cached there)."""
+    prompt finds no stored KV, and its decode engine prefills all of it (nothing of it is cached there).
+    With nothing to load the connector starts no transfer: no setup is paid, and the decode engine's
+    prefill starts when the prefill leg hands off."""
     _, df, _ = simulate(ONE_TURN + ["policy=fixed_pd", "+cluster.kv_transfer_block_tokens=128",
                                     "workload.prompt.median=1025"])
     row = df.iloc[0]
     assert row.prompt_tokens == 1025 and row.transferred_tokens == 0
-    t_transfer_end = prefill_step(1025) + 1e-3                      # the transfer's setup alone
-    assert row.t_transfer_end == pytest.approx(t_transfer_end, rel=1e-9)
-    assert row.t_first_token == pytest.approx(t_transfer_end + prefill_step(1025), rel=1e-9)
+    t_handoff = prefill_step(1025)
+    assert row.t_prefill_end == pytest.approx(t_handoff, rel=1e-9)
+    assert row.t_transfer_end == pytest.approx(t_handoff, rel=1e-9)      # (1 ms of setup before)
+    assert row.t_first_token == pytest.approx(t_handoff + prefill_step(1025), rel=1e-9)
 
 
 # Effect 3: on heavy prefill PD finishes trajectories sooner; with decode KV memory the bottleneck it loses.

@@ -295,18 +295,23 @@ class Scheduler:
         r = self.ranks[s.rank]
         loaded = s.computed + tokens
         if loaded < s.target - 1:
-            # More than the last prompt token is left (whole-block transfers): the rank prefills it, and
-            # that prefill samples the first output token. Not a prefill leg: no PREFILL_START or _END.
-            s.computed = loaded
-            s.status = _PREFILLING
-            s.started_prefill = True
-            s.prefilled = 0
-            r.prefilling[s.admit_seq] = s
-            r.pending_prefill += s.target - loaded
+            # More than the last prompt token is left (whole-block transfers): the rank prefills it
+            self._prefill_rest(r, s, loaded)
             return
         s.computed = s.target
         s.status = _READY
         r.ready.append(s)
+
+    @staticmethod
+    def _prefill_rest(r: Rank, s: SimRequest, loaded: int) -> None:
+        """A decode leg holding `loaded` tokens of its prompt's KV prefills the rest on its rank, and that
+        prefill samples the first output token. Not a prefill leg: no PREFILL_START or _END."""
+        s.computed = loaded
+        s.status = _PREFILLING
+        s.started_prefill = True
+        s.prefilled = 0
+        r.prefilling[s.admit_seq] = s
+        r.pending_prefill += s.target - loaded
 
     def clear_prefix_cache(self) -> None:
         for r in self.ranks:
@@ -382,10 +387,19 @@ class Scheduler:
                     # align_to_block_size(len(prompt)) tokens under a hash of them, so when the prompt is
                     # one token past a block boundary the two lengths differ and the load finds nothing.
                     external = (need - 2) // tb * tb if (need - 1) % tb else 0
-                    outputs.append(PullKV(s, max(external - local, 0)))
+                    pull = max(external - local, 0)
                 else:
                     # a moved decode's last sampled token has no KV yet (its next step computes it)
-                    outputs.append(PullKV(s, max(need - local - (1 if s.resumed else 0), 0)))
+                    pull = max(need - local - (1 if s.resumed else 0), 0)
+                if pull or s.resumed:
+                    outputs.append(PullKV(s, pull))
+                else:
+                    # Nothing to load: the connector starts no transfer (vLLM's ExampleConnector and
+                    # NixlConnector load only when get_num_new_matched_tokens finds external tokens) and
+                    # the leg prefills what its own cache lacks, from this step on, the last prompt token
+                    # at least (vLLM computes it again to sample the first token).
+                    outputs.append(Report(EventKind.TRANSFER_END, s))
+                    self._prefill_rest(r, s, min(local, need - 1))
             else:
                 s.status = _PREFILLING
                 r.prefilling[s.admit_seq] = s

@@ -105,3 +105,28 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(pool):
         return statuses
 
     assert asyncio.run(two_requests()) == [200, 200]
+
+
+def test_calibration_probes_the_path_to_a_step_under_each_load(pool):
+    """harness.perf.calibrate's host-path rows on the module's real servers, a small grid: one row per
+    load, each from its probes, with the streams' inter-token time where servers were loaded."""
+    import asyncio
+    from dataclasses import replace
+
+    from harness.engines.base import http_session
+    from harness.perf.calibrate import GRIDS, HOST_LOADS, EngineClient, profile_host_path
+
+    grid = replace(GRIDS["quick"], host_streams=2, host_probes=3, decode_tokens=8)
+
+    async def probe():
+        async with http_session() as session:
+            c = EngineClient(session, pool.urls, 4096, model=load_config(BASE).backend.served_model_name)
+            return await profile_host_path(c, grid, lambda _: None)
+
+    rows = asyncio.run(probe())
+    assert [r["load"] for r in rows] == [name for name, _ in HOST_LOADS]
+    assert [r["streams"] for r in rows] == [0, 2, 2, 4]
+    for r in rows:
+        assert r["probes"] == 3 and r["gap_p50_s"] > 0 and r["gap_mean_s"] > 0 and r["ttft_p50_s"] > 0
+    assert rows[0]["stream_itl_p50_s"] is None
+    assert all(r["stream_itl_p50_s"] > 0 for r in rows[1:])

@@ -26,6 +26,8 @@ What is measured (every request is a unique random prompt of token ids, `ignore_
   it: transfer time = server 1's TTFT - the fitted prefill time of what it computed itself.
 The second server is idle during everything but the KV transfer: contention between servers on shared
 cores is measured separately (`contention` rows: decode steps on server 0 while server 1 decodes too).
+- host_path: the way from the client to a step of server 0 under load (`profile_host_path`), measured,
+  not modelled: what the host adds to a leg when servers and harness share its cores.
 """
 from __future__ import annotations
 
@@ -277,11 +279,14 @@ class Grid:
     mixed: tuple[tuple[int, int], ...] = ((2, 256), (4, 1024), (2, 1024), (16, 512))   # (decode batch, prefill tokens)
     kv_tokens: tuple[int, ...] = (256, 1024, 2048)
     repeats: int = 3
+    host_streams: int = 16          # streams per loaded server (vllm_cpu_fidelity runs 16 trajectories on each)
+    host_probes: int = 25
 
 
 GRIDS = {"full": Grid(),
          "quick": Grid(prefill_new=(64, 512, 1536), prefill_cached=(0, 1024), decode_batch=(1, 4, 16, 32),
-                       decode_context=(256, 1024), mixed=((2, 512), (16, 512)), kv_tokens=(512, 1536), repeats=1)}
+                       decode_context=(256, 1024), mixed=((2, 512), (16, 512)), kv_tokens=(512, 1536), repeats=1,
+                       host_probes=10)}
 
 
 class EngineClient:
@@ -456,6 +461,45 @@ async def profile_contention(c: EngineClient, g: Grid, log) -> list[dict]:
     return rows
 
 
+# Loads of the host-path probes: which servers run `Grid.host_streams` streamed decodes meanwhile.
+HOST_LOADS = (("idle", ()), ("other server", (1,)), ("own server", (0,)), ("both servers", (0, 1)))
+HOST_WARMUP_S = 3.0     # the streams' first prefills are done before the probes
+HOST_PROBE_GAP_S = 0.3  # between probes, so that they do not queue behind each other
+
+
+async def profile_host_path(c: EngineClient, g: Grid, log) -> list[dict]:
+    """Per load, probes of server 0 (a fresh 256-token prompt, one output token, one at a time): the
+    client's time minus the server's queue + time to first token. That gap is HTTP, the API server and
+    the engine core's input, and the wait for the step under way (vLLM stamps a request QUEUED when its
+    engine core adds it, between two steps), about half the streams' inter-token time, also reported.
+    Not read by the simulator, which models the wait but not the rest (docs/calibration.md, section 4)."""
+    rows = []
+    for name, servers in HOST_LOADS:
+        stop = asyncio.Event()
+        itls: list[float] = []
+
+        async def stream_until(server: int) -> None:
+            while not stop.is_set():
+                itls.append((await c.stream(server, c.ids(512), 4 * g.decode_tokens))["itl_client_s"])
+        load = [asyncio.ensure_future(stream_until(e)) for e in servers for _ in range(g.host_streams)]
+        if load:
+            await asyncio.sleep(HOST_WARMUP_S)
+        probes = []
+        for _ in range(g.host_probes):
+            probes.append(await c.complete(0, c.ids(256), 1))
+            await asyncio.sleep(HOST_PROBE_GAP_S)
+        stop.set()
+        await asyncio.gather(*load)
+        gaps = [r["api_s"] for r in probes]
+        rows.append({"load": name, "streams": g.host_streams * len(servers), "probes": len(probes),
+                     "gap_p50_s": statistics.median(gaps), "gap_mean_s": statistics.mean(gaps),
+                     "ttft_p50_s": statistics.median(r["ttft_s"] for r in probes),
+                     "stream_itl_p50_s": statistics.median(itls) if itls else None})
+        log(f"host path, {name}: client - server p50 {rows[-1]['gap_p50_s'] * 1e3:.1f} ms, "
+            f"mean {rows[-1]['gap_mean_s'] * 1e3:.1f} ms")
+    return rows
+
+
 async def profile_kv(c: EngineClient, g: Grid, k: dict, log) -> list[dict]:
     rows = []
     for n in g.kv_tokens:
@@ -512,6 +556,7 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
         p = await profile_steps(c, g, log)
         p["kv_transfer"] = await profile_kv(c, g, fit_profile(p), log) if len(urls) > 1 else []
         p["contention"] = await profile_contention(c, g, log) if len(urls) > 1 else []
+        p["host_path"] = await profile_host_path(c, g, log) if len(urls) > 1 else []
         p["profiling_s"] = time.perf_counter() - t0
         q = None
         if contended and len(urls) > 1:
@@ -521,7 +566,7 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
             q = await profile_steps(c, g, log)
             stop.set()
             q["background_requests"] = await bg
-            q["kv_transfer"], q["contention"] = p["kv_transfer"], p["contention"]
+            q["kv_transfer"], q["contention"], q["host_path"] = p["kv_transfer"], p["contention"], p["host_path"]
         return p, q
 
 
@@ -655,7 +700,7 @@ def _main(argv: list[str]) -> None:
         return
     p = calibrate(overrides, own["out"], GRIDS[own["grid"]], int(own["engines"]),
                   own["contended"].lower() in ("1", "true", "yes"))
-    logger.info(json.dumps({k: p[k] for k in (*keys, "contention", "api_overhead_s")}, indent=1, default=float))
+    logger.info(json.dumps({k: p[k] for k in (*keys, "contention", "host_path", "api_overhead_s")}, indent=1, default=float))
     logger.info("wrote %s", own["out"])
 
 

@@ -48,7 +48,9 @@ def test_invariants(small, policy):
     if "policy=fixed_pd" in policy:
         assert len(pd_rows) == len(df)
         assert (pd_rows.transferred_tokens <= pd_rows.prompt_tokens).all()
-        assert (pd_rows.t_transfer_end > pd_rows.t_prefill_end).all()
+        assert (pd_rows.t_transfer_end >= pd_rows.t_prefill_end).all()   # equal: nothing to load
+        moved = pd_rows[pd_rows.transferred_tokens > 0]
+        assert len(moved) and (moved.t_transfer_end > moved.t_prefill_end).all()
 
 
 @pytest.mark.parametrize("policy", [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=1"],
@@ -74,9 +76,17 @@ def test_same_seed_same_bytes_other_seed_differs(small):
     assert a != c
 
 
+# Two attention ranks per engine, little KV memory and a second step: a leg arriving during a decode span
+# picks its rank by the ranks' memory and prefix caches, which must be as stepping would leave them.
+DP2 = ["cluster=cpu_small", "policy=fixed_pd", "policy.num_prefill=1", "workload.batch_size=2", "mode.num_steps=2",
+       "workload.tool_output.median=40", "workload.context_cap=5000", "workload.prompt.high=3000",
+       "cluster.memory_fraction=0.08", "cluster.gpus_per_engine=2", "cluster.parallelism.decode.dp=2",
+       "cluster.parallelism.prefill.dp=2", "cluster.parallelism.colocated.dp=2", "cluster.max_num_batched_tokens=64"]
+
+
 @pytest.mark.parametrize("extra", [["policy=colocate"], ["policy=fixed_pd"], ["policy=colocate", *TIGHT],
                                    ["policy=colocate", "cluster=moe_h200"],
-                                   ["policy=fixed_pd", "+cluster.kv_transfer_block_tokens=128"]])
+                                   ["policy=fixed_pd", "+cluster.kv_transfer_block_tokens=128"], DP2])
 def test_fast_forward_gives_the_same_lifecycle_as_token_by_token(small, extra):
     small = small + ["workload.batch_size=3", "mode.num_steps=1"]
     fast, df_fast, be_fast = simulate(small + extra + ["backend.fast_forward=true"])

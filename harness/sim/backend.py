@@ -284,7 +284,7 @@ class SimBackend:
         return self._contended_models[par]
 
     def _enqueue(self, e: SimEngine, leg: SimRequest) -> None:
-        e.enqueue(leg)
+        e.enqueue(leg, self.loop.now)
         self.mark_stale(e)
         self._wake(e)
 

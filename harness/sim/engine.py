@@ -70,7 +70,11 @@ class SimEngine:
     def idle(self) -> bool:
         return not self.busy and self.scheduler.idle
 
-    def enqueue(self, s: SimRequest) -> None:
+    def enqueue(self, s: SimRequest, now: float) -> None:
+        """A leg arrives at `now`. During a decode span, the KV of the span's steps started by then is
+        reserved first: the rank the leg goes to depends on each rank's memory and prefix cache."""
+        if self._span is not None:
+            self.scheduler.reserve_span(bisect_left(self._span, now, 0, self._span_steps) + 1)
         need = Scheduler.kv_need(s)
         cap = self.scheduler.rank_capacity
         if need > cap:

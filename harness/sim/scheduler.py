@@ -135,7 +135,7 @@ class Rank:
     waiting: deque = field(default_factory=deque)
     running: dict = field(default_factory=dict)     # admit_seq -> SimRequest, admission order
     prefilling: dict = field(default_factory=dict)  # the running requests still prefilling, same order
-                                                    # (a decode leg's rest of a whole-block transfer: from its transfer's end)
+                                                    # (a decode leg's rest of its prompt: from its transfer's end, or at once if none)
     decode_clock: int = 0
     decode_n: int = 0
     decode_ctx: int = 0
@@ -212,6 +212,7 @@ class Scheduler:
         self.ranks = [Rank(KVCacheManager(capacity, holders, 1 << i)) for i in range(ranks)]
         self._all_decode = [True] * ranks    # vLLM semantics: every rank decodes in every step
         self._admit_counter = 0
+        self._span_reserved = 0              # steps of the decode span under way whose KV is reserved
 
     @property
     def rank_capacity(self) -> int:
@@ -289,6 +290,17 @@ class Scheduler:
                 s.status = _DONE
                 r.next_finish = None     # its heap entry is stale now
         return out
+
+    def reserve_span(self, steps: int) -> None:
+        """The first `steps` steps of the decode span under way have started: reserve their KV slots now
+        (evicting prefixes as those steps would), as stepping token by token would have, so that a leg
+        arriving mid-span finds each rank's memory and prefix cache as they are (`add_request`)."""
+        extra = steps - self._span_reserved
+        if extra > 0:
+            for r in self.ranks:
+                if r.decode_n:
+                    r.kv.grow(extra * r.decode_n)
+            self._span_reserved = steps
 
     def transfer_done(self, s: SimRequest, tokens: int) -> None:
         """The `tokens` of KV a decode leg pulled have arrived (its own prefix cache held the rest)."""
@@ -530,6 +542,7 @@ class Scheduler:
         plan = StepPlan(outputs, seqs, ctx, decoding, graph=not limit or max(seqs) <= limit)
         if span and steps is not None and steps >= 2:
             plan.span_steps = steps
+            self._span_reserved = 1      # its first step's slots, as above
             return plan
         budget0 = cfg.prefill_budget
         for r, n in zip(self.ranks, seqs):
@@ -570,9 +583,10 @@ class Scheduler:
                     continue
                 r.decode_clock += steps
                 r.decode_ctx += steps * n
-                r.kv.grow((steps - 1) * n)
+                r.kv.grow((steps - self._span_reserved) * n)
                 if r.next_finish is None or r.next_finish <= r.decode_clock:
                     yield from self._finish_decodes(r)
+            self._span_reserved = 0
             return
         for r, rank_chunks, decoded in zip(self.ranks, plan.chunks, plan.decoding):
             if r.decode_n and decoded:
@@ -595,7 +609,7 @@ class Scheduler:
 
     def _prefill_done(self, r: Rank, s: SimRequest) -> Iterator[Report | HandOff]:
         del r.prefilling[s.admit_seq]
-        if s.leg is not Leg.DECODE or s.recompute:   # (else the rest of a whole-block transfer: transfer_done)
+        if s.leg is not Leg.DECODE or s.recompute:   # (else a decode leg's rest of its prompt: _prefill_rest)
             yield Report(EventKind.PREFILL_END, s, s.prefilled)
         if s.leg is Leg.DECODE and not s.decode_started:
             s.decode_started = True

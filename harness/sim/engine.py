@@ -74,7 +74,7 @@ class SimEngine:
         """A leg arrives at `now`. During a decode span, the KV of the span's steps started by then is
         reserved first: the rank the leg goes to depends on each rank's memory and prefix cache."""
         if self._span is not None:
-            self.scheduler.reserve_span(bisect_left(self._span, now, 0, self._span_steps) + 1)
+            self.scheduler.reserve_span(self._step_under_way(now) + 1)
         need = Scheduler.kv_need(s)
         cap = self.scheduler.rank_capacity
         if need > cap:
@@ -118,12 +118,17 @@ class SimEngine:
         span = self._span
         if span is None:
             return None
-        i = bisect_left(span, now, 0, self._span_steps)
+        i = self._step_under_way(now)
         if i >= self._span_steps - 1:
             return None
         self._span_steps = i + 1
         self.version += 1
         return span[i]
+
+    def _step_under_way(self, now: float) -> int:
+        """The index of the span's step running at `now` (one ending at `now` counts as running)."""
+        assert self._span is not None
+        return bisect_left(self._span, now, 0, self._span_steps)
 
     @property
     def in_span(self) -> bool:

@@ -30,5 +30,8 @@ class StaticPolicy:
     def plan(self, view: ClusterView) -> None:
         return None
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # never plans
+
     def metrics(self) -> dict:
         return {}

@@ -44,6 +44,9 @@ class HoldRoles:
     def plan(self, view: ClusterView) -> None:
         return None
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # never plans
+
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix, self.balance)
 
@@ -115,6 +118,9 @@ class OraclePD:
             return None
         self.decisions.append((view.now, best))
         return roles_of[best]
+
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # an oracle: its decisions are free
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix, self.balance)

@@ -342,6 +342,9 @@ class Pearl:
                  d.predicted[current], d.predicted[d.split])
         return {k: r for k, r in target_roles(view, d.split).items() if r != self.roles[k]}
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # a closed-form model: free
+
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix, self.balance)
 

@@ -59,6 +59,9 @@ class ReactivePD:
             self._last_switch = view.now
         return roles
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # a threshold rule: free
+
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix, self.balance)
 

@@ -68,10 +68,14 @@ def test_plan_at_1000_trajectories(benchmark):
     def due():
         policy._next_plan = 0.0
         return (view,), {}
+    events = policy.planner.whatif.events
     benchmark.pedantic(policy.plan, setup=due, rounds=3, iterations=1)
+    events = (policy.planner.whatif.events - events) / 3    # one plan's what-if events
     fc = policy.forecaster.history[-1]
     assert fc.decode_seqs[0] > 0 and fc.prefill_tokens.sum() > 0
     if benchmark.stats:
         plan = benchmark.stats.stats.mean
         benchmark.extra_info["plan_per_control_step_s"] = plan * policy.control_interval_s / policy.replan_interval_s
         benchmark.extra_info["plan_over_replan_interval"] = plan / policy.replan_interval_s
+        # the rate behind `policy.plan_events_per_s` (plan_latency=model)
+        benchmark.extra_info["whatif_events_per_s"] = events / plan

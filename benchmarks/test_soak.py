@@ -65,6 +65,9 @@ def test_soak_10000_trajectories_async_prorsa(benchmark):
     assert total == 10_000
     probes = []
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # never plans
+
     def run():
         probe = Probe(instantiate(cfg.policy), total)
         result, _ = run_rollout(cfg, policy=probe)

@@ -266,3 +266,9 @@ class Backend(Protocol):
 
     def fork(self, root, replace: dict[int, object] | None = None):
         """A copy of the running simulation held by `root`, to run forward on its own (simulator only)."""
+
+    plans_inline: bool   # the clock stands still while `run_plan` runs its work (the simulator)
+
+    def run_plan(self, work: Callable[[], object], done: Callable[[object], None]) -> None:
+        """Run a policy's plan (`work`) and hand its result to `done` on the backend's loop: at once in the
+        simulator; in a worker thread on real engines, the loop going on meanwhile."""

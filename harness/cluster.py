@@ -61,6 +61,10 @@ class ClusterConfig:
     router_balance_abs_requests: int = 64      # a turn leaves its prefix's engine above this many requests
     router_balance_rel: float = 1.5            # ... more than the least busy, and this many times its own
                                                # (sgl-router's cache_aware defaults; harness/routing.py Balance)
+    # Factors on the cost model's prefill and decode step times (harness/perf/scaled.py): a world slower or
+    # faster than its model, or (Prorsa's `policy.model`) a planning model wrong on purpose. 1: the model's.
+    prefill_time_scale: float = 1.0
+    decode_time_scale: float = 1.0
 
     @property
     def prefill_budget(self) -> int:
@@ -140,7 +144,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
              "switch_mechanism", "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests",
-             "router_balance_rel")
+             "router_balance_rel", "prefill_time_scale", "decode_time_scale")
 
 
 def cost_model(cluster: ClusterConfig, role: Role):
@@ -153,8 +157,13 @@ def parallel_cost_model(cluster: ClusterConfig, par: Parallelism, contended: boo
     (`cluster.profile`; with `contended`, `cluster.contended_profile`)."""
     from harness.perf.profiled import ProfiledCostModel
     from harness.perf.roofline import RooflineCostModel
+    from harness.perf.scaled import ScaledCostModel
     if contended or cluster.cost_model == "profiled":
         path = cluster.contended_profile if contended else cluster.profile
         assert path is not None   # checked in cluster_from_config
-        return ProfiledCostModel.from_file(path, cluster.model, cluster.gpu, cluster.perf, par)
-    return RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)
+        model = ProfiledCostModel.from_file(path, cluster.model, cluster.gpu, cluster.perf, par)
+    else:
+        model = RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)
+    if cluster.prefill_time_scale == 1.0 and cluster.decode_time_scale == 1.0:
+        return model
+    return ScaledCostModel(model, cluster.prefill_time_scale, cluster.decode_time_scale)

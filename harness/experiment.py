@@ -16,6 +16,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import time
 import traceback
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from hydra.errors import InstantiationException
 from hydra.utils import get_method, instantiate
@@ -37,7 +39,7 @@ from harness.api import Role, RunInfo
 from harness import schema
 from harness.cluster import ClusterConfig, cluster_from_config, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
-from harness.rollout import ModeConfig, RolloutDriver, RolloutResult
+from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult
 from harness.routing import Balance, PrefixTracker
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
@@ -156,6 +158,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     oracle = isinstance(policy, OraclePD)   # the named exception: it simulates the future
     if oracle and cfg.backend.name == "sim":
         policy.attach_simulator(partial(static_rollout_s, cfg, cluster, mode))
+    wall0 = time.perf_counter()   # the policy's start plan is part of what the run costs
     roles = policy.initial_roles(cluster, run_info(mode, workload))
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
@@ -174,7 +177,6 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     failed = True
     try:
         sampler.start()
-        wall0 = time.perf_counter()
         result = driver.run()
         wall = time.perf_counter() - wall0
         lifecycle = lifecycle_frame(result)
@@ -312,7 +314,20 @@ def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResu
     if events is not None:
         summary["sim_events"] = events
     summary.update(turn_latency_percentiles(df))
+    summary.update(plan_metrics(result.plans))
     return summary
+
+
+def plan_metrics(plans: list[PlanRecord]) -> dict:
+    """The policy's plans: how many, their CPU seconds (measured) and latency (charged in the simulator,
+    waited on real engines), and how many decisions were dropped as stale (harness/rollout.py)."""
+    cpu = [p.cpu_s for p in plans]
+    latency = [p.latency_s for p in plans if not math.isnan(p.latency_s)]
+    out = {"plans": len(plans), "plans_dropped_stale": sum(p.dropped_stale for p in plans)}
+    for name, values in (("plan_cpu_s", cpu), ("plan_latency_s", latency)):
+        out[f"{name}_p50"] = float(np.median(values)) if values else 0.0
+        out[f"{name}_max"] = float(max(values)) if values else 0.0
+    return out
 
 
 def write_atomic(path: Path, write) -> None:

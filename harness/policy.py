@@ -20,7 +20,8 @@ class Policy(Protocol):
     ended, none of the next started: the batch starts once the switches asked for are done), and
     returns the roles it wants, or None to keep the current ones. `route` must pick available engines:
     engines whose role serves the leg (colocated or prefill for the prefill leg; colocated or
-    decode for the decode leg).
+    decode for the decode leg). On real engines `plan` runs in a worker thread while the driver's loop
+    goes on routing (`route` is called meanwhile; events reach `observe` once the plan returns).
     """
 
     name: str
@@ -33,5 +34,10 @@ class Policy(Protocol):
     def observe(self, event: LifecycleEvent) -> None: ...
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None: ...
+
+    def plan_latency_s(self, cpu_s: float) -> float | None:
+        """The simulated time from the last `plan` call to its decision's application, given the CPU
+        seconds it took (the driver measures them); None when that call made no plan worth recording (a
+        rule evaluated, or none due). Real engines ignore the value: a plan there takes what it takes."""
 
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None: ...   # None: park the turn

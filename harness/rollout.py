@@ -13,6 +13,8 @@ turn runs and, every control interval, which role each engine should have; the b
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -31,6 +33,31 @@ class ModeConfig:
     staleness: int = 1              # async only
 
 
+# A decision is dropped as stale when, between its plan and its application, more than this share of the
+# trajectories in flight at the plan have ended: the plan ranked its candidates on their futures, and
+# the work it would apply to is now mostly another.
+STALE_ENDED_SHARE = 0.5
+
+
+@dataclass
+class PlanRecord:
+    """One plan of the policy: when it was asked for, its cost and whether its decision was applied."""
+    t: float                        # the instant the plan started from
+    cpu_s: float                    # CPU seconds the plan's computation took (measured)
+    latency_s: float = math.nan     # from `t` to its decision's application (simulated: charged; real: waited)
+    dropped_stale: bool = False     # the state moved too far before it could apply (RolloutDriver._stale)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """The state a plan was asked on, to tell at its application whether it still holds."""
+    view: ClusterView
+    steps: int                      # sync steps begun
+    started: int
+    completed: int
+    then: Callable[[], None] | None    # what waits for the decision (a sync step's batch)
+
+
 @dataclass
 class RolloutResult:
     records: list[TurnRecord]
@@ -39,6 +66,7 @@ class RolloutResult:
     rollout_time_s: float
     num_role_switches: int
     events: list[LifecycleEvent] = field(default_factory=list)
+    plans: list[PlanRecord] = field(default_factory=list)
 
 
 def check_route(route: Route, view: ClusterView, request: TurnRequest) -> None:
@@ -87,6 +115,10 @@ class RolloutDriver:
         self.finished_at = math.nan
         self._pending_batches: dict[int, list[TrajectoryScript]] = {}
         self._step_after_switch: int | None = None   # a sync step waiting for its start's role switches
+        self.plans: list[PlanRecord] = []
+        self._planning = False          # a plan is in flight: asked for, its decision not applied yet
+        self._after_plan: Callable[[], None] | None = None   # a sync step start waiting for that plan
+        self._held: list[LifecycleEvent] | None = None   # the policy's events while its plan runs off the loop
         backend.set_listener(self._on_event, self._route_and_submit)
 
     # --- public -------------------------------------------------------------------------------
@@ -110,7 +142,7 @@ class RolloutDriver:
         rollout = sum(b - a for a, b in self.step_windows)
         records = [r for tid in sorted(self.records) for r in self.records[tid]]
         scripts = sorted(self.scripts.values(), key=lambda s: s.trajectory_id)
-        return RolloutResult(records, scripts, self.step_windows, rollout, self.role_switches, self.events)
+        return RolloutResult(records, scripts, self.step_windows, rollout, self.role_switches, self.events, self.plans)
 
     # --- trajectory lifecycle ------------------------------------------------------------------
     def _batch(self, step: int) -> list[TrajectoryScript]:
@@ -184,9 +216,17 @@ class RolloutDriver:
         if step:
             self.backend.update_weights()   # the trainer's update between two steps
         # Nothing runs (the last step's trajectories have all ended): the policy may set the roles the
-        # step starts in, and the batch starts once those switches are done (the step's time counts them).
-        self._ask_policy()
+        # step starts in, and the batch starts once that plan is applied and its switches are done (the
+        # step's time counts both). A plan still in flight from the last step is applied (or dropped as
+        # stale) first.
         self.step_windows.append((self.backend.now(), math.nan))
+        ask = partial(self._ask_policy, partial(self._step_planned, step))
+        if self._planning:
+            self._after_plan = ask
+        else:
+            ask()
+
+    def _step_planned(self, step: int) -> None:
         if self.backend.view().switching():
             self._step_after_switch = step
             return
@@ -213,7 +253,10 @@ class RolloutDriver:
     def _emit(self, e: LifecycleEvent) -> None:
         if self.keep_events:
             self.events.append(e)
-        self.policy.observe(e)
+        if self._held is not None:
+            self._held.append(e)
+        else:
+            self.policy.observe(e)
 
     def _on_event(self, e: LifecycleEvent) -> None:
         K = EventKind
@@ -281,13 +324,66 @@ class RolloutDriver:
     def _control_tick(self) -> None:
         if self.completed == self.total or not self.policy.control_interval_s:
             return   # done, or (in a fork) a policy that never re-plans
-        self._ask_policy()
+        if not self._planning:
+            self._ask_policy()
         self.backend.call_later(self.policy.control_interval_s, self._control_tick)
 
-    def _ask_policy(self) -> None:
-        """The policy's plan on the present view, its switches started."""
+    def _ask_policy(self, then: Callable[[], None] | None = None) -> None:
+        """The policy's plan on the present view. The simulator runs it at once (its clock stands still)
+        and its decision applies after the latency the policy charges for it; real engines run it in a
+        worker while this loop goes on routing and streaming under the present roles (the policy's events
+        held until the plan returns, so it plans on one state), and it applies when it returns. `then`
+        runs once the decision is applied or dropped."""
+        asked = _Asked(self.backend.view(), len(self.step_windows), self.started, self.completed, then)
+        self._planning = True
+        inline = self.backend.plans_inline
+        if not inline:
+            self._held = []
+
+        def work() -> tuple[dict[int, Role] | None, float]:
+            t0 = time.thread_time()
+            return self.policy.plan(asked.view), time.thread_time() - t0
+
+        def returned(result: tuple[dict[int, Role] | None, float]) -> None:
+            wanted, cpu = result
+            held, self._held = self._held, None
+            for e in held or ():
+                self.policy.observe(e)
+            latency = self.policy.plan_latency_s(cpu)
+            if latency is None:   # no plan was due: nothing to record
+                self._apply_plan(asked, wanted, None)
+                return
+            record = PlanRecord(asked.view.now, cpu)
+            self.plans.append(record)
+            if inline and latency > 0:
+                self.backend.call_later(latency, partial(self._apply_plan, asked, wanted, record))
+            else:
+                self._apply_plan(asked, wanted, record)
+        self.backend.run_plan(work, returned)
+
+    def _apply_plan(self, asked: _Asked, wanted: dict[int, Role] | None, record: PlanRecord | None) -> None:
+        self._planning = False
         view = self.backend.view()
-        self.apply_roles(view, self.policy.plan(view))
+        if record is not None:
+            record.latency_s = view.now - asked.view.now
+            if wanted and self._stale(asked, view):
+                record.dropped_stale, wanted = True, None
+        self.apply_roles(view, wanted)
+        if asked.then is not None:
+            asked.then()
+        after, self._after_plan = self._after_plan, None
+        if after is not None:
+            after()
+
+    def _stale(self, asked: _Asked, view: ClusterView) -> bool:
+        """Whether the state has moved too far since the plan for its decision to apply: an engine's role,
+        switch or health changed (a failure, a recovery, another switch), a sync step began, or more than
+        STALE_ENDED_SHARE of the trajectories then in flight have ended."""
+        def roles(v: ClusterView) -> list[tuple]:
+            return [(e.engine_id, e.role, e.target_role, e.available) for e in v.engines]
+        in_flight = max(asked.started - asked.completed, 1)
+        return (roles(asked.view) != roles(view) or asked.steps != len(self.step_windows)
+                or self.completed - asked.completed > STALE_ENDED_SHARE * in_flight)
 
     def apply_roles(self, view: ClusterView, wanted: dict[int, Role] | None) -> None:
         """Start the role switches `wanted` asks for (engines not already in or moving to that role)."""
@@ -299,5 +395,8 @@ class RolloutDriver:
     def fork(self, policy: Policy | None = None) -> RolloutDriver:
         """An independent copy of this rollout at this instant (its backend, workload, progress and
         policy), to be continued with `resume()`; driven from now on by `policy` if one is given.
-        Only the simulator can fork."""
-        return self.backend.fork(self, replace={id(self.policy): policy} if policy is not None else None)
+        Only the simulator can fork. A plan under way (the one that forks, as oracle_pd's) stays this
+        driver's: the fork starts with none."""
+        fork = self.backend.fork(self, replace={id(self.policy): policy} if policy is not None else None)
+        fork._planning, fork._after_plan, fork._held = False, None, None
+        return fork

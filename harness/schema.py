@@ -116,6 +116,8 @@ class ClusterSchema:
     migrate_decodes_on_switch: bool = key(omittable=True)
     router_balance_abs_requests: int = key(ge=0, omittable=True)
     router_balance_rel: float = key(ge=1, omittable=True)
+    prefill_time_scale: float = key(gt=0, omittable=True)
+    decode_time_scale: float = key(gt=0, omittable=True)
     cost_model: str = key(choices=("roofline", "profiled"), omittable=True)
     profile: Optional[str] = key(omittable=True)
     contended_profile: Optional[str] = key(omittable=True)   # engines sharing a host (harness/cluster.py)
@@ -270,6 +272,16 @@ class OraclePDSchema:
 
 
 @dataclass(kw_only=True)
+class PlanningModelSchema:
+    """Prorsa's `policy.model` (harness/prorsa/model.py): null takes the cluster's own."""
+    cost_model: Optional[str] = key(choices=("roofline", "profiled"))
+    profile: Optional[str] = key(nonempty=True)
+    perf: Optional[dict[str, float]] = key()
+    prefill_scale: Optional[float] = key(gt=0)
+    decode_scale: Optional[float] = key(gt=0)
+
+
+@dataclass(kw_only=True)
 class ProrsaSchema:
     """configs/policy/prorsa.yaml (harness/prorsa/policy.py; what each key does is said in the YAML)."""
     control_interval_s: float = key(gt=0)
@@ -292,6 +304,10 @@ class ProrsaSchema:
     initial_max_samples: int = key(ge=1)
     priority: str = key(choices=("fcfs", "remaining_work"))
     placement: str = key(choices=("kv_load", "forecast_work"))
+    plan_latency: Any = key(allowed="model, or a number of seconds >= 0")   # checked by Prorsa (a union)
+    plan_events_per_s: float = key(gt=0)
+    model: PlanningModelSchema = key()
+    priors: str = key(choices=("workload", "none"))
     seed: int = key(ge=0)
     name: str = key(nonempty=True, omittable=True)
     _target_: str = target("harness.prorsa.policy.Prorsa")

@@ -49,6 +49,9 @@ class PhaseSchedule:
         self.switches.append((round(view.now, 1), now, want))
         return target_roles(view, want)
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # a schedule told in advance
+
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None:
         return route_by_role(request, view, self.prefix, self.balance)
 

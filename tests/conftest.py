@@ -53,13 +53,17 @@ class SwitchAt:
     """Test policy: starts with `initial` roles and, once the clock reaches `at_s` and `after_turns`
     turns have ended, asks for `switch` (engine -> role); routes to whatever roles exist
     (route_by_role). On real servers a switch set by progress, not by the clock, lands mid-rollout
-    however fast the machine runs."""
+    however fast the machine runs. That plan takes `latency_s` of simulated time (the driver charges it)
+    and, on real engines, `sleep_s` of wall time in the planner's thread."""
 
     name = "switch_at"
 
-    def __init__(self, initial: list, switch: dict, at_s: float, control_interval_s: float, after_turns: int = 0):
+    def __init__(self, initial: list, switch: dict, at_s: float, control_interval_s: float, after_turns: int = 0,
+                 latency_s: float = 0.0, sleep_s: float = 0.0):
         from harness.routing import PrefixTracker
         self.initial, self.switch, self.at_s, self.after_turns = initial, switch, at_s, after_turns
+        self.latency_s, self.sleep_s = latency_s, sleep_s
+        self.planned = False     # the last `plan` call made the switch
         self.control_interval_s = control_interval_s
         self.prefix = PrefixTracker()
         self.asked = False
@@ -73,10 +77,17 @@ class SwitchAt:
         self.turns_ended += event.kind == EventKind.DECODE_END
 
     def plan(self, view):
+        self.planned = False
         if self.asked or view.now < self.at_s or self.turns_ended < self.after_turns:
             return None
-        self.asked = True
+        self.asked = self.planned = True
+        if self.sleep_s:
+            import time
+            time.sleep(self.sleep_s)
         return dict(self.switch)
+
+    def plan_latency_s(self, cpu_s: float) -> float | None:
+        return self.latency_s if self.planned else None
 
     def route(self, request, view):
         from harness.routing import route_by_role

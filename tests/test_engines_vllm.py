@@ -82,6 +82,31 @@ def test_role_switch_mid_run(pool):
         assert all(ready[(g.trajectory_id, g.turn)] < starts[e.engine_id] for g in legs.itertuples())
 
 
+def test_a_slow_plan_does_not_stop_the_rollout(pool):
+    """A plan that takes 3 s (a test double sleeping in `plan`, after the first turn ends) runs in the
+    planner's thread: turns keep being routed, prefilled and streamed meanwhile, and the rollout takes
+    less than 3 s longer than the same rollout with an instant plan. Inline, it would stop every stream
+    for the 3 s."""
+    sleep_s = 3.0
+
+    def run(sleep):
+        policy = SwitchAt([Role.COLOCATED] * 2, {}, at_s=0.0, control_interval_s=0.5, after_turns=1, sleep_s=sleep)
+        result, df, _ = rollout(pool, ["policy=colocate"], policy=policy)
+        check_complete_once(result, df)
+        return result, df
+    quick, _ = run(0.0)
+    slow, df = run(sleep_s)
+    (plan,) = [p for p in slow.plans]
+    assert plan.latency_s >= sleep_s and not plan.dropped_stale
+    window = (plan.t, plan.t + sleep_s)
+    routed = df[(df.t_ready > window[0]) & (df.t_prefill_start < window[1])]
+    streamed = df[(df.t_decode_end > window[0]) & (df.t_decode_end < window[1])]
+    assert len(routed) and len(streamed), (window, df[["t_ready", "t_prefill_start", "t_decode_end"]])
+    assert slow.rollout_time_s - quick.rollout_time_s < sleep_s
+    print("slow plan: rollout", quick.rollout_time_s, "->", slow.rollout_time_s, "s;", len(routed), "turns routed and",
+          len(streamed), "ended during the plan")
+
+
 def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(pool):
     """vLLM's API server closes a connection idle for SERVER_KEEPALIVE_S. A leg sent on it while the
     harness's loop was too busy to see the close failed (ServerDisconnectedError), and its healthy

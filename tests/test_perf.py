@@ -146,3 +146,30 @@ def test_mixed_step_time_is_step_time_of_the_batches(m):
             b = batches[r]
             b.prefill_tokens, b.prefill_attn_ctx, b.prefill_kv_read, b.requests = tokens, attn_ctx, kv_read, requests
         assert m.mixed_step_time(seqs, ctx, prefill, graph) == m.step_time(batches, graph)
+
+
+def test_scaled_cost_model_known_answers():
+    """A step's decode part is the same step without its prefill chunks: decode_scale multiplies it,
+    prefill_scale what the prefill adds (harness/perf/scaled.py); scales of 1 leave the model as it is."""
+    from harness.api import Role
+    from harness.cluster import parallel_cost_model
+    from harness.perf.scaled import ScaledCostModel
+    from tests.conftest import cluster_of
+    cluster = cluster_of(["cluster=moe_h200"])
+    par = cluster.parallelism[Role.COLOCATED]
+    inner = parallel_cost_model(cluster, par)
+    assert not isinstance(inner, ScaledCostModel)
+    scaled = parallel_cost_model(replace(cluster, prefill_time_scale=1.25, decode_time_scale=0.8), par)
+    assert isinstance(scaled, ScaledCostModel)
+    seqs, ctx = [8] * par.dp, [8 * 2000] * par.dp
+    decode = inner.decode_step_time(seqs, ctx, True)
+    assert scaled.decode_step_time(seqs, ctx, True) == pytest.approx(0.8 * decode)
+    prefill = [(0, 4096, 4096 * 2047.5, 4096, 1)]
+    mixed = inner.mixed_step_time(seqs, ctx, prefill, True)
+    eager = inner.decode_step_time(seqs, ctx, False)   # a step that prefills runs no CUDA graph
+    assert mixed > eager
+    assert scaled.mixed_step_time(seqs, ctx, prefill, True) == pytest.approx(0.8 * eager + 1.25 * (mixed - eager))
+    ends = scaled.decode_span_ends(seqs, ctx, 3, True, 10.0)
+    base = inner.decode_span_ends(seqs, ctx, 3, True, 10.0)
+    assert ends == pytest.approx([10.0 + 0.8 * (t - 10.0) for t in base])
+    assert scaled.kv_capacity_tokens(0.9, 0) == inner.kv_capacity_tokens(0.9, 0)

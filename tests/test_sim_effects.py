@@ -217,6 +217,9 @@ class SplitBetweenSteps:
         self.calls.append((view.now, [e.running_requests + e.waiting_requests for e in view.engines]))
         return dict(self.switch) if view.now > 0 else None
 
+    def plan_latency_s(self, cpu_s: float) -> None:
+        return None   # test policy
+
     def route(self, request, view):
         from harness.routing import route_by_role
         return route_by_role(request, view, self.prefix)

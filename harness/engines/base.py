@@ -33,6 +33,7 @@ import asyncio
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -156,6 +157,7 @@ class HttpBackendBase:
     # drains, the engine finishes what it runs while it takes legs of its new role, as the simulator's
     # kv_both does (harness/sim/backend.py).
     drains_on_switch = True
+    plans_inline = False   # a plan runs in a worker thread while the loop routes and streams
 
     def __init__(self, urls: list[str], roles: list[Role], *, time_scale: float = 1.0, switch_wait_s: float = 0.0,
                  kv_capacity_tokens: int = 0, max_retries: int = 3, health_interval_s: float = 2.0):
@@ -188,6 +190,7 @@ class HttpBackendBase:
         self.leg_log: list[dict] = []
         self.failures: list[dict] = []
         self.session = None
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
         self.run_wall_s = 0.0
         self.run_cpu_s = 0.0
         self._t0 = time.monotonic()
@@ -204,6 +207,12 @@ class HttpBackendBase:
 
     def set_listener(self, on_event, on_returned) -> None:
         self._on_event, self._on_returned = on_event, on_returned
+
+    def run_plan(self, work: Callable[[], object], done: Callable[[object], None]) -> None:
+        """`work` in the planner's thread; `done` on this loop when it returns (the run waits for it)."""
+        self._pending += 1
+        future = self.loop.run_in_executor(self._planner, work)
+        future.add_done_callback(lambda f: self._fire(lambda: done(f.result())))
 
     def update_weights(self) -> None:
         """Real-engine runs here serve fixed random weights: no weight update reaches the servers, so
@@ -271,6 +280,7 @@ class HttpBackendBase:
         try:
             self.loop.run_until_complete(self._main())
         finally:
+            self._planner.shutdown(wait=False)
             self.run_wall_s += time.perf_counter() - wall0
             self.run_cpu_s += time.process_time() - cpu0
         if self._error is not None:

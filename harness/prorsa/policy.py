@@ -28,13 +28,14 @@ turn, nothing after it, no new trajectories); `switching: false` keeps the initi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
-from harness.cluster import ClusterConfig, cost_model
+from harness.cluster import ClusterConfig, cost_model, is_number
 from harness.prorsa.forecaster import Forecast, Forecaster
+from harness.prorsa.model import PRIORS, PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
@@ -75,7 +76,9 @@ class Prorsa:
                  initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
                  max_candidates: int = 8, mix_window: int = 128,
                  confirm_plans: int = 2, check_samples: int = 4, priority: str = "fcfs",
-                 mix_forecast: str = "schedule", placement: str = "kv_load", seed: int = 0, name: str = "prorsa"):
+                 mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
+                 plan_events_per_s: float = 85000.0, model: Mapping | None = None, priors: str = "workload",
+                 seed: int = 0, name: str = "prorsa"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -86,6 +89,14 @@ class Prorsa:
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
         self.confirm_plans, self.check_samples = confirm_plans, check_samples
         self.priority, self.mix_forecast = priority, mix_forecast
+        if not (plan_latency == "model" or (is_number(plan_latency) and plan_latency >= 0)):
+            raise ValueError(f"policy.plan_latency={plan_latency!r} is invalid; allowed: model, or a number of "
+                             "seconds >= 0")
+        if priors not in PRIORS:
+            raise ValueError(f"policy.priors={priors!r} is invalid; allowed: {', '.join(PRIORS)}")
+        self.plan_latency, self.plan_events_per_s = plan_latency, plan_events_per_s
+        self.model, self.priors = PlanningModel.of(model), priors
+        self._planned_events: int | None = None   # what-if events of the last `plan` call's plan (None: none made)
         self.work = DecodeWork() if placement == "forecast_work" else None   # placement.py
         self._work_left: dict[str, np.ndarray] = {}   # family -> forecast work left (s) by turns so far
         self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
@@ -101,16 +112,18 @@ class Prorsa:
 
     # --- Policy contract ----------------------------------------------------------------------
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
+        run = with_priors(run, self.priors)
         self.run, self.cluster = run, cluster
         self.balance = Balance.of(cluster)
-        whatif = WhatIf(cluster, self.bins, self.horizon_s / self.bins,
+        planned = self.model.cluster(cluster)   # what the what-if simulates (model.py)
+        whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins,
                         update_every=run.trajectories_per_step if run.mode == "async" else 0,
                         total=run.total_trajectories)
-        self.planner = Planner(cluster, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
+        self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
         self.families = sorted(run.priors)
-        decode = cost_model(cluster, Role.DECODE)   # time per token before any is observed: a batch of 32
+        decode = cost_model(planned, Role.DECODE)   # time per token before any is observed: a batch of 32
         dp = decode.par.dp
         self.default_tpot_s = float(decode.decode_step_times(np.full(dp, 32 // dp or 1), np.zeros(dp), 1)[0])
         self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
@@ -145,6 +158,25 @@ class Prorsa:
             self.forecaster.observe_arrival(event.t, event.tokens)
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
+        events = self.planner.whatif.events
+        self._planned_events = None
+        roles = self._plan(view)
+        if self.planner.whatif.events > events:
+            self._planned_events = self.planner.whatif.events - events
+        return roles
+
+    def plan_latency_s(self, cpu_s: float) -> float | None:
+        """The simulated time from the last `plan` call to its decision: `plan_latency` seconds, or
+        (`model`) its what-if events at `plan_events_per_s`, the rate measured for the compiled simulator
+        (benchmarks/test_prorsa_overhead.py), deterministic so that runs stay reproducible. None when
+        the call ran no what-if (no plan due)."""
+        if self._planned_events is None:
+            return None
+        if self.plan_latency == "model":
+            return self._planned_events / self.plan_events_per_s
+        return float(self.plan_latency)
+
+    def _plan(self, view: ClusterView) -> dict[int, Role] | None:
         if self.run.mode == "sync" and not self.tracker.live and self.tracker.started < self.run.total_trajectories:
             return self._plan_step(view)
         self.forecaster.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
@@ -274,8 +306,7 @@ class Prorsa:
         return self.forecaster.frame() if self.use_forecast else None
 
     def metrics(self) -> dict:
-        out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions],
-               "prorsa_plans": self._plans}
+        out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions]}
         if self.use_forecast:
             out.update(self.forecaster.errors())
         return out

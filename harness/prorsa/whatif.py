@@ -618,6 +618,7 @@ class WhatIf:
         self.update_every, self.total = update_every, total
         self.completed = 0        # trajectories the run has completed; the policy sets it before a plan
         self.placement: DecodeWork | None = None   # the policy's decode placement by forecast work, if any
+        self.events = 0           # simulator events of every what-if run so far (a plan's cost)
 
     def _weight_updates(self, count: int) -> frozenset:
         """The what-if's end counts (of `count` trajectories) at which the weights are updated."""
@@ -677,6 +678,7 @@ class WhatIf:
         run.on_end()
         stops = bound < math.inf or then is not None
         backend.run((lambda: backend.loop.now > run.deadline) if stops else None)
+        self.events += backend.loop.events_processed
         mids = (np.arange(self.bins) + 0.5) * self.bin_s
         decode = np.zeros(self.bins)
         for a, b in run.decode_spans + [(a, math.inf) for a in run.decode_start.values()]:   # open: stopped

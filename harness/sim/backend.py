@@ -152,6 +152,14 @@ class SimBackend:
     def call_later(self, delay_s: float, callback: Callable[[], None], observer: bool = False) -> None:
         self.loop.at(self.loop.now + delay_s, callback, observer)
 
+    @property
+    def plans_inline(self) -> bool:
+        """The simulated clock stands still while a plan runs: the driver charges its latency."""
+        return True
+
+    def run_plan(self, work: Callable[[], object], done: Callable[[object], None]) -> None:
+        done(work())
+
     def update_weights(self) -> None:
         """The trainer pushed new weights: cached prefixes were computed with the old ones."""
         if self.cluster.flush_prefix_cache_on_weight_update:

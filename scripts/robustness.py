@@ -1,0 +1,137 @@
+"""Prorsa with a planning model that differs from the world, and with its plans' latency charged.
+
+For each setting, Prorsa runs under every condition of CONDITIONS at seeds 0-2, and colocation and every
+fixed split run at the same seeds in each world a condition uses (the default one, and the world on the
+measured H200 constants); `hindsight_best` is the best of those statics per seed and world. The table
+gives Prorsa / hindsight_best (its best static's time over Prorsa's: >= 1 beats every static split).
+
+  python scripts/robustness.py run   [OUT] [--settings heavy_prefill,...] [--seeds 0,1,2]
+  python scripts/robustness.py table [OUT]      (writes OUT/robustness.csv and OUT/robustness.md)
+
+OUT defaults to results/robustness. Each block is one Hydra multirun, resumable (complete jobs are skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+log = logging.getLogger("robustness")
+ROOT = Path(__file__).resolve().parents[1]
+
+# The world on the H200 constants measured by scripts/gpu_profile.py (results/calibration/h200_profile.json,
+# docs/calibration.md: GEMMs 0.69 of peak, prefill attention 0.57, a whole layer's weights streamed at 0.68
+# of HBM bandwidth) while Prorsa plans on configs/catalogue/perf.yaml's (policy.model.perf={}).
+WORLD_H200 = ["cluster.perf.gemm_mfu=0.69", "cluster.perf.attn_mfu=0.57", "cluster.perf.mem_efficiency=0.68"]
+CONDITIONS = {
+    "exact": ([], []),
+    "prefill x0.8": ([], ["policy.model.prefill_scale=0.8"]),
+    "prefill x1.25": ([], ["policy.model.prefill_scale=1.25"]),
+    "decode x0.8": ([], ["policy.model.decode_scale=0.8"]),
+    "decode x1.25": ([], ["policy.model.decode_scale=1.25"]),
+    "world H200, plans roofline": (WORLD_H200, ["policy.model.perf={}"]),
+    "priors none": ([], ["policy.priors=none"]),
+    "plan latency model": ([], ["policy.plan_latency=model"]),
+}   # name -> (world overrides, Prorsa's overrides)
+SETTINGS = {"heavy_prefill": ["+experiment=heavy_prefill"], "tooluse_async": ["+experiment=tooluse_async"],
+            "kvboth_async": ["+experiment=shift_reason_browse_kvboth"],
+            "shift_sync": ["+experiment=shift_reason_browse_sync"]}
+SPLITS = "1,2,3,4,5,6,7"
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def sweep(out: Path, overrides: list[str]) -> None:
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", "progress_interval_s=0", *overrides]
+    log.info("%s", " ".join(cmd[1:]))
+    subprocess.run(cmd, cwd=ROOT, check=False)
+
+
+def run(out: Path, settings: list[str], seeds: str) -> None:
+    for setting in settings:
+        worlds = {tuple(world) for world, _ in CONDITIONS.values()}
+        for world in sorted(worlds):
+            where = out / setting / ("statics_h200" if world else "statics")
+            sweep(where, [*SETTINGS[setting], *world, f"seed={seeds}", "policy=colocate"])
+            sweep(where, [*SETTINGS[setting], *world, f"seed={seeds}", "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
+        for name, (world, model) in CONDITIONS.items():
+            sweep(out / setting / slug(name), [*SETTINGS[setting], *world, *model, f"seed={seeds}", "policy=prorsa"])
+
+
+def split_label(job_dir: str) -> str:
+    """'colocate', or 'kP' for a fixed split of k prefill engines, from a job's override directory name."""
+    match = re.search(r"num_prefill=(\d+)", job_dir)
+    return f"{match.group(1)}P" if match else "colocate" if "policy=colocate" in job_dir else job_dir
+
+
+def summaries(where: Path) -> pd.DataFrame:
+    rows = []
+    for f in sorted(where.glob("*/summary.json")):
+        s = json.loads(f.read_text())
+        rows.append({"seed": s["seed"], "policy": s["policy"], "rollout_time_s": s["rollout_time_s"],
+                     "switches": s["num_role_switches"], "wall_time_s": s["wall_time_s"],
+                     "split": split_label(f.parent.name)})
+    return pd.DataFrame(rows)
+
+
+def table(out: Path) -> pd.DataFrame:
+    rows = []
+    for setting in SETTINGS:
+        for name, (world, _) in CONDITIONS.items():
+            prorsa = summaries(out / setting / slug(name))
+            statics = summaries(out / setting / ("statics_h200" if world else "statics"))
+            if prorsa.empty or statics.empty:
+                continue
+            for r in prorsa.itertuples():
+                st = statics[statics.seed == r.seed]
+                if len(st) < 8:
+                    continue   # not every static ran at this seed
+                best = st.loc[st.rollout_time_s.idxmin()]
+                colocate = st[st.policy == "colocate"].rollout_time_s.iloc[0]
+                rows.append({"setting": setting, "condition": name, "seed": r.seed, "prorsa_s": r.rollout_time_s,
+                             "hindsight_best_s": best.rollout_time_s, "best_static": best.split,
+                             "colocate_s": colocate, "vs_hindsight_best": best.rollout_time_s / r.rollout_time_s,
+                             "switches": r.switches, "prorsa_wall_s": r.wall_time_s})
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "robustness.csv", index=False)
+    if not df.empty:
+        piv = df.groupby(["setting", "condition"], sort=False).agg(
+            seeds=("seed", "count"), mean=("vs_hindsight_best", "mean"), low=("vs_hindsight_best", "min"),
+            high=("vs_hindsight_best", "max"), switches=("switches", "mean")).reset_index()
+        lines = ["| setting | condition | seeds | Prorsa / hindsight_best: mean (min-max) | switches (mean) |",
+                 "|---|---|---|---|---|"]
+        for r in piv.itertuples():
+            lines.append(f"| {r.setting} | {r.condition} | {r.seeds} | {r.mean:.3f} ({r.low:.3f}-{r.high:.3f}) "
+                         f"| {r.switches:.1f} |")
+        (out / "robustness.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+    return df
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    p = argparse.ArgumentParser(prog="python scripts/robustness.py", description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=("run", "table"))
+    p.add_argument("out", nargs="?", default="results/robustness", type=Path)
+    p.add_argument("--settings", default="heavy_prefill,tooluse_async",
+                   help=f"comma-separated, of {', '.join(SETTINGS)}")
+    p.add_argument("--seeds", default="0,1,2")
+    a = p.parse_args()
+    unknown = [s for s in a.settings.split(",") if s not in SETTINGS]
+    if unknown:
+        p.error(f"--settings: {', '.join(unknown)} not one of {', '.join(SETTINGS)}")
+    if a.command == "run":
+        run(a.out, a.settings.split(","), a.seeds)
+    table(a.out)
+
+
+if __name__ == "__main__":
+    main()

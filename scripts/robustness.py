@@ -25,17 +25,18 @@ import pandas as pd
 log = logging.getLogger("robustness")
 ROOT = Path(__file__).resolve().parents[1]
 
-# The world on the H200 constants measured by scripts/gpu_profile.py (results/calibration/h200_profile.json,
-# docs/calibration.md: GEMMs 0.69 of peak, prefill attention 0.57, a whole layer's weights streamed at 0.68
-# of HBM bandwidth) while Prorsa plans on configs/catalogue/perf.yaml's (policy.model.perf={}).
-WORLD_H200 = ["cluster.perf.gemm_mfu=0.69", "cluster.perf.attn_mfu=0.57", "cluster.perf.mem_efficiency=0.68"]
+# The world as the H200 forward passes of Qwen3-30B-A3B measured it (results/calibration/h200_profile.json,
+# docs/calibration.md, "roofline / measured": prefill of 1k/4k/16k tokens 0.606/0.537/0.779, decode
+# 0.650/0.931/0.877), i.e. prefill 1.6x and decode 1.25x the roofline's time (the means of measured over
+# roofline), while Prorsa plans on the roofline (policy.model scales 1).
+WORLD_H200 = ["cluster.prefill_time_scale=1.6", "cluster.decode_time_scale=1.25"]
 CONDITIONS = {
     "exact": ([], []),
     "prefill x0.8": ([], ["policy.model.prefill_scale=0.8"]),
     "prefill x1.25": ([], ["policy.model.prefill_scale=1.25"]),
     "decode x0.8": ([], ["policy.model.decode_scale=0.8"]),
     "decode x1.25": ([], ["policy.model.decode_scale=1.25"]),
-    "world H200, plans roofline": (WORLD_H200, ["policy.model.perf={}"]),
+    "world H200, plans roofline": (WORLD_H200, ["policy.model.prefill_scale=1.0", "policy.model.decode_scale=1.0"]),
     "priors none": ([], ["policy.priors=none"]),
     "plan latency model": ([], ["policy.plan_latency=model"]),
 }   # name -> (world overrides, Prorsa's overrides)

@@ -100,8 +100,8 @@ CONFIG_CASES = [
     ("seed_negative", ["seed=-1"], "seed=-1 is invalid; allowed: an integer >= 0"),
     ("seed_text", ["seed=abc"], "seed='abc' is invalid; allowed: an integer >= 0"),
     ("seed_float", ["seed=1.5"], "seed=1.5 is invalid; allowed: an integer >= 0"),
-    ("sample_interval_zero", ["sample_interval_s=0"], "sample_interval_s=0 is invalid; allowed: a number > 0"),
-    ("sample_interval_text", ["sample_interval_s=abc"], "sample_interval_s='abc' is invalid; allowed: a number > 0"),
+    ("sample_interval_zero", ["sample_interval_s=0"], "sample_interval_s=0 is invalid; allowed: a number >= 0.01"),
+    ("sample_interval_text", ["sample_interval_s=abc"], "sample_interval_s='abc' is invalid; allowed: a number >= 0.01"),
     ("progress_interval", ["progress_interval_s=-1"], "progress_interval_s=-1 is invalid; allowed: a number >= 0"),
     ("added_top_level_key", ["+foo=1"], "foo=1 is invalid; allowed: one of backend, cluster, logger, mode, policy"),
     ("backend_name", ["backend.name=foo"], "backend.name='foo' is invalid; allowed: sim"),
@@ -148,6 +148,23 @@ CONFIG_CASES = [
     ("mix_component_text", ["workload=mix", "workload.components.swe.max_turns=abc"],
      "workload.components.swe.max_turns='abc' is invalid; allowed: an integer >= 1"),
     ("synthetic_name_empty", ["workload.name=''"], "workload.name='' is invalid; allowed: a non-empty string"),
+    # Beyond what a day or the hardware allows: refused, not run for ever (the periodic ticks).
+    ("sample_interval_tiny", ["sample_interval_s=1e-6"],
+     "sample_interval_s=1e-06 is invalid; allowed: a number >= 0.01 and <= 86400"),
+    ("sample_interval_huge", ["sample_interval_s=1e9"], "sample_interval_s=1000000000.0 is invalid"),
+    ("kv_setup_absurd", ["cluster.kv_transfer_setup_s=1e12"],
+     "cluster.kv_transfer_setup_s=1000000000000.0 is invalid; allowed: a number >= 0 and <= 3600"),
+    ("switch_time_absurd", ["cluster.switch_time_s=1e5"], "cluster.switch_time_s=100000.0 is invalid"),
+    ("reshard_time_absurd", ["cluster.reshard_switch_time_s=1e300"], "cluster.reshard_switch_time_s=1e+300 is invalid"),
+    ("router_update_absurd", ["cluster.router_update_s=7200"], "cluster.router_update_s=7200 is invalid"),
+    ("batch_size_absurd", ["workload.batch_size=100000000"],
+     "workload.batch_size=100000000 is invalid; allowed: an integer >= 1 and <= 65536"),
+    ("group_size_absurd", ["workload.group_size=1000000"], "workload.group_size=1000000 is invalid"),
+    ("tool_latency_absurd", ["workload=swe", "workload.tool_latency.0.median=1e308"],
+     "workload.tool_latency[0].median=1e+308 is invalid; allowed: a number > 0 and <= 86400"),
+    ("tool_latency_cap_absurd", ["workload=swe", "workload.tool_latency.0.high=1e12"],
+     "workload.tool_latency[0].high=1000000000000.0 is invalid"),
+    ("mix_batch_absurd", ["workload=mix", "workload.batch_size=100000000"], "workload.batch_size=100000000 is invalid"),
     # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
     ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
     ("unknown_top_level", ["foo=1"], "Key 'foo' is not in struct"),
@@ -178,6 +195,29 @@ TRACE_CASES = [
     ("first_prompt_empty", [turn0(new_tokens=0)], ":2: field 'turns[0].new_tokens'"),
     ("misspelt_line_key", [{**GOOD, "group": 1, "turn": []}], ":2: field 'turn': unknown"),
     ("unequal_groups", ["", {**GOOD, "group": 1}, {**GOOD, "group": 1}], ":3: field 'group': group 1 has 2"),
+    # Limits: duplicate keys, numbers within bounds, nesting, encoding (workloads/trace.py).
+    ("duplicate_line_key", ['{"group": 1, "family": "swe", "family": "tooluse", "turns": []}'],
+     ":2: field 'family': appears twice in one object"),
+    ("duplicate_turn_key", [json.dumps(turn0()).replace('"output_tokens": 20', '"output_tokens": 20, "output_tokens": 5')],
+     ":2: field 'output_tokens': appears twice in one object"),
+    ("new_tokens_400_digits", [json.dumps(turn0()).replace('"new_tokens": 100', '"new_tokens": ' + "9" * 400)],
+     ":2: field 'turns[0].new_tokens': expected an integer >= 1 and <= 10000000, got an integer of 400 digits"),
+    ("latency_400_digits", [json.dumps(turn0()).replace('"tool_latency_s": 1.5', '"tool_latency_s": ' + "9" * 400)],
+     ":2: field 'turns[0].tool_latency_s': expected a finite number >= 0 and <= 86400"),
+    ("integer_beyond_digit_limit", [json.dumps(turn0()).replace('"new_tokens": 100', '"new_tokens": ' + "9" * 5000)],
+     ":2: not valid JSON"),
+    ("latency_1e308", [turn0(tool_latency_s=1e308)], ":2: field 'turns[0].tool_latency_s': expected a finite number"),
+    ("latency_negative", [turn0(tool_latency_s=-1)], ":2: field 'turns[0].tool_latency_s'"),
+    ("output_tokens_absurd", [turn0(output_tokens=10 ** 12)], ":2: field 'turns[0].output_tokens'"),
+    ("max_output_absurd", [{**GOOD, "group": 1, "max_output_tokens": 10 ** 15}], ":2: field 'max_output_tokens'"),
+    ("tool_output_text", [turn0(tool_output_tokens="many")], ":2: field 'turns[0].tool_output_tokens'"),
+    ("nesting_100000_deep", ["[" * 100000 + "]" * 100000], ":2: nested too deeply"),
+    ("nesting_40_deep", [{**GOOD, "group": 1, "turns": [{**GOOD["turns"][0], "x": json.loads("[" * 40 + "]" * 40)}]}],
+     ":2: nested too deeply"),
+    ("not_utf8", [b'{"group": 1, "family": "sw\xff", "turns": []}'], ":2: not UTF-8 (byte 0xff"),
+    ("not_utf8_later_line", ["", "", b"\xc3\x28"], ":4: not UTF-8"),
+    ("group_null", [{**GOOD, "group": None}], ":2: field 'group': expected an integer or a string"),
+    ("turns_missing", [{"group": 1, "family": "swe"}], ":2: field 'turns': missing"),
 ]
 # Whole-file problems, named by the file.
 TRACE_FILE_CASES = [
@@ -212,7 +252,9 @@ results_file.write_text(json.dumps(results))
 
 
 def write_trace(path: Path, lines: list) -> None:
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in [GOOD, *lines]))
+    """A good first line, then `lines`: text, bytes (written as they are) or an object (as JSON)."""
+    path.write_bytes(b"".join((l if isinstance(l, bytes) else (l if isinstance(l, str) else json.dumps(l)).encode())
+                              + b"\n" for l in [GOOD, *lines]))
 
 
 def trace_args(path: Path) -> list[str]:
@@ -247,6 +289,13 @@ def cli(tmp_path_factory):
     cases.append({"id": "trace_without_path", "argv": [f"hydra.run.dir={base / 'trace_without_path'}",
                                                        "workload=trace", "mode.num_steps=1", "logger=none"]})
     expected["trace_without_path"] = "workload.path=??? is invalid; allowed: a value (the key is required"
+    cases.append({"id": "prior_is_itself", "argv": [f"hydra.run.dir={base / 'prior_is_itself'}", *trace_args(good),
+                                                    f"workload.prior_path={good}"]})
+    expected["prior_is_itself"] = f"workload.prior_path='{good}' is invalid; allowed: another trace than workload.path"
+    bad_prior = traces / "duplicate_line_key.jsonl"
+    cases.append({"id": "prior_is_bad", "argv": [f"hydra.run.dir={base / 'prior_is_bad'}", *trace_args(good),
+                                                 f"workload.prior_path={bad_prior}"]})
+    expected["prior_is_bad"] = f"{bad_prior}:2: field 'family': appears twice in one object"
     for case in cases:
         case["run_dir"] = str(base / case["id"])
     (base / "cases.json").write_text(json.dumps(cases))
@@ -257,7 +306,7 @@ def cli(tmp_path_factory):
 
 
 ALL_IDS = ([c[0] for c in CONFIG_CASES] + [c[0] for c in TRACE_CASES] + [c[0] for c in TRACE_FILE_CASES]
-           + ["trace_batch_size", "trace_without_path"])
+           + ["trace_batch_size", "trace_without_path", "prior_is_itself", "prior_is_bad"])
 
 
 def test_enough_distinct_cases():

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 import traceback
+import typing
 from collections import Counter
 from operator import attrgetter
 from collections.abc import Iterator
@@ -213,7 +214,8 @@ def mode_from_config(c: dict) -> ModeConfig:
 
 def checked(node: DictConfig, group: str) -> None:
     """Checks the group's keys (resolved) against the schema of its `_target_` (harness/schema.py);
-    a `_target_` with no schema (a user's own class) against the keys its signature takes."""
+    a `_target_` with no schema (a user's own class) against the keys its signature takes and the
+    types its annotations give (int, float, bool, str)."""
     if node.get("_target_") is None:
         raise ValueError(f"{group}._target_=None is invalid; allowed: a class path (configs/{group}/*.yaml)")
     keys = OmegaConf.to_container(node, resolve=True)
@@ -221,9 +223,17 @@ def checked(node: DictConfig, group: str) -> None:
         return
     target = keys["_target_"]
     try:
-        params = inspect.signature(get_method(target)).parameters
+        component = get_method(target)
+        params = inspect.signature(component).parameters
     except Exception as exc:   # an unknown class path: Hydra's message names it
         raise ValueError(f"{group}._target_={target!r} is invalid; allowed: an importable class ({exc})") from None
+    try:
+        hints = typing.get_type_hints(component.__init__ if inspect.isclass(component) else component)
+    except Exception:   # noqa: BLE001 - annotations that do not resolve: the signature check alone
+        hints = {}
+    for key, value in keys.items():
+        if key in hints and key in params:
+            schema.check_annotated(value, hints[key], f"{group}.{key}")
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key, value in keys.items():

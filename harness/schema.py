@@ -464,6 +464,21 @@ def check(node: Any, schema: type, where: str) -> None:
         _check_value(node[f.name], hints[f.name], f.metadata, f"{dot}{f.name}")
 
 
+def check_annotated(value: Any, tp: Any, where: str) -> None:
+    """A key of a component with no schema (a user's own baseline) against its constructor's annotation,
+    where that is int, float, bool or str, or an Optional or list of them; any other annotation is left
+    to the component."""
+    if _plain(tp):
+        _check_value(value, tp, {}, where)
+
+
+def _plain(tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType, list):
+        return bool(args) and all(_plain(a) for a in args if a is not type(None))
+    return tp in (int, float, bool, str)
+
+
 def _check_value(value: Any, tp: Any, meta: Mapping, where: str) -> None:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):   # Optional[T]

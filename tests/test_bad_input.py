@@ -355,6 +355,15 @@ TOOL_CASES = [
     ("harness.perf.calibrate", ["grid=huge"], "grid='huge' is invalid; allowed: full, quick"),
     ("harness.perf.calibrate", ["engines=0"], "engines='0' is invalid; allowed: an integer >= 1"),
     ("harness.perf.calibrate", ["contended=maybe"], "contended='maybe' is invalid; allowed: true, false"),
+    # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
+    ("harness.perf.calibrate", ["bogus=1"], "harness.perf.calibrate: error: Could not override 'bogus'."),
+    ("harness.perf.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
+    ("harness.fidelity", ["profile=missing.json"], "No such file or directory: 'missing.json'"),
+    ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
+    ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
+    ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),
+    ("workloads.card", ["workload=trace", "workload.path=missing.jsonl"], "error: missing.jsonl: no such trace file"),
+    ("workloads.card", ["--samples", "0"], "error: --samples=0 --steps=1 is invalid; allowed: integers >= 1"),
 ]
 
 
@@ -365,3 +374,41 @@ def test_tool_rejects_with_the_key_named_no_traceback(tmp_path, module, args, ex
     assert res.returncode == 2, res.stderr[-3000:]
     assert expected in res.stderr and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
     assert not list(tmp_path.iterdir())
+
+
+class UserBaseline:
+    """A user's own baseline (no schema in harness/schema.py): its keys typed by its constructor."""
+
+    def __init__(self, threshold: int = 3, ratio: float = 0.5, enabled: bool = True, label: str = "mine",
+                 engines: list[int] | None = None, anything=None):
+        self.threshold = threshold
+
+
+USER_BASELINE_CASES = [
+    ({"threshold": "abc"}, "policy.threshold='abc' is invalid; allowed: an integer"),
+    ({"threshold": 2.5}, "policy.threshold=2.5 is invalid; allowed: an integer"),
+    ({"ratio": "half"}, "policy.ratio='half' is invalid; allowed: a number"),
+    ({"enabled": "maybe"}, "policy.enabled='maybe' is invalid; allowed: true, false"),
+    ({"label": 5}, "policy.label=5 is invalid; allowed: a string"),
+    ({"engines": [1, "x"]}, "policy.engines[1]='x' is invalid; allowed: an integer"),
+    ({"thresold": 4}, "policy.thresold=4 is invalid; allowed: one of threshold, ratio, enabled, label, engines"),
+]
+
+
+@pytest.mark.parametrize("keys,expected", USER_BASELINE_CASES, ids=[next(iter(k)) + str(i) for i, (k, _) in
+                                                                    enumerate(USER_BASELINE_CASES)])
+def test_a_users_baseline_gets_its_keys_type_checked(keys, expected):
+    from omegaconf import OmegaConf
+
+    from harness.experiment import checked
+    with pytest.raises(ValueError) as e:
+        checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", **keys}), "policy")
+    assert str(e.value).startswith(expected), str(e.value)
+
+
+def test_a_users_baseline_with_good_keys_passes():
+    from omegaconf import OmegaConf
+
+    from harness.experiment import checked
+    checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", "threshold": 4, "ratio": 1, "enabled": False,
+                              "label": "x", "engines": [0, 1], "anything": {"a": 1}}), "policy")

@@ -18,9 +18,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness import schema
-from harness.experiment import (EXIT_LOGGER_FAILED, is_complete, is_config_error, job_lock, record_failure,
-                               run_experiment)
+from harness.experiment import (ERROR, EXIT_LOGGER_FAILED, is_complete, is_config_error, job_lock,
+                               record_failure, run_experiment)
 from harness.report import print_summary
+from harness.sweep import JobFailure
 
 log = logging.getLogger("run")
 schema.register()   # the groups' schemas in Hydra's ConfigStore (schema/<group>/<name>); checked per job
@@ -43,10 +44,11 @@ def main(cfg: DictConfig) -> None:
             message = record_failure(out, cfg, list(hc.overrides.task), exc)
             if not is_config_error(exc):
                 traceback.print_exc()
-            print(f"[{name}] FAILED: {message} (details: {out / 'error.json'})", file=sys.stderr, flush=True)
+            details = out / ERROR if (out / ERROR).is_file() else f"none: {ERROR} could not be written in {out}"
+            print(f"[{name}] FAILED: {message} (details: {details})", file=sys.stderr, flush=True)
             if not multirun:
                 sys.exit(1)
-            return
+            return JobFailure(list(hc.overrides.task), message)   # listed at the end even without error.json
         log.info(f"[{name}] done: {out}")
     print_summary(summary)
     if summary.get("logger_failure"):

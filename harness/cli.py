@@ -7,6 +7,9 @@ import logging
 import sys
 from collections.abc import Callable
 
+from hydra.errors import HydraException, InstantiationException
+from omegaconf.errors import OmegaConfBaseException
+
 log = logging.getLogger("harness.cli")
 
 
@@ -26,12 +29,25 @@ def split_args(argv: list[str], defaults: dict[str, str], usage: str) -> tuple[d
     return own, rest
 
 
+# Bad input as the tools meet it: a value (ValueError, naming the key), an override Hydra cannot apply
+# (its own message names it), a file that cannot be read (the OSError names it).
+BAD_INPUT = (ValueError, HydraException, OmegaConfBaseException, OSError)
+
+
+def tool_error(exc: BaseException) -> str:
+    """One line for a bad input: the cause Hydra wrapped while instantiating a `_target_`, else Hydra's
+    first line (the rest is its search path)."""
+    if isinstance(exc, InstantiationException) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0] if isinstance(exc, HydraException) else text.replace("\n", " ")
+
+
 def run_tool(main: Callable[[list[str]], None], argv: list[str] | None, prog: str) -> None:
-    """Runs `main(argv)`; a ValueError (bad input, its message names the key) becomes one line on stderr
-    and exit status 2."""
+    """Runs `main(argv)`; bad input (BAD_INPUT) becomes one line on stderr and exit status 2."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         main(sys.argv[1:] if argv is None else argv)
-    except ValueError as exc:
-        sys.stderr.write(f"{prog}: error: {exc}\n")
+    except BAD_INPUT as exc:
+        sys.stderr.write(f"{prog}: error: {tool_error(exc)}\n")
         raise SystemExit(2) from None

@@ -11,6 +11,7 @@ directory at once (a rerun of a killed sweep whose Ray workers still finish thei
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import inspect
@@ -20,6 +21,7 @@ import math
 import os
 import time
 import traceback
+import typing
 from collections import Counter
 from operator import attrgetter
 from collections.abc import Iterator
@@ -53,6 +55,8 @@ LOCK = ".lock"
 log = logging.getLogger(__name__)
 # Keys that cannot change a run's results: a rerun with other values still finds the run complete.
 NON_RESULT_KEYS = ("logger", "progress_interval_s")
+# Every file a run writes in its directory (each through a temporary `<name>.tmp`).
+OWN_FILES = (*RESULT_FILES, "forecast.parquet", "legs.parquet", SUMMARY, ERROR)
 # run.py's exit status when the results are complete but the experiment logger (W&B) failed.
 EXIT_LOGGER_FAILED = 3
 
@@ -168,8 +172,8 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     # This attempt replaces whatever an earlier one left: no completion marker until it ends, and no
     # temporary file of a killed attempt.
     (out / SUMMARY).unlink(missing_ok=True)
-    for tmp in out.glob("*.tmp"):
-        tmp.unlink(missing_ok=True)
+    for name in OWN_FILES:   # only this harness's names: the directory may hold a user's own *.tmp
+        (out / f"{name}.tmp").unlink(missing_ok=True)
     logger = logger_cfg.make(OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
     progress = ProgressPrinter(progress_label(policy, workload, mode, cluster, cfg.seed), float(cfg.progress_interval_s),
                                per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
@@ -183,21 +187,23 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
         summary.update(policy.metrics())
         forecast = policy.forecast_frame() if hasattr(policy, "forecast_frame") else None
+        files = {}
         if forecast is not None:   # Prorsa: its forecasts against what happened
-            write_atomic(out / "forecast.parquet", lambda p: forecast.to_parquet(p, index=False))
+            files["forecast.parquet"] = lambda p: forecast.to_parquet(p, index=False)
         if hasattr(backend, "leg_frame"):   # real engines: per-leg client and server times
-            write_atomic(out / "legs.parquet", lambda p: backend.leg_frame().to_parquet(p, index=False))
+            files["legs.parquet"] = lambda p: backend.leg_frame().to_parquet(p, index=False)
             summary["harness_overhead"] = backend.overhead()
         summary["config_hash"] = config_hash(cfg)
         timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
-        write_results(out, lifecycle, timeline, sampler.frame())
+        # The results and summary.json first, W&B after: a logger that fills the disk never costs a result.
+        write_files(out, {**files, **result_writers(lifecycle, timeline, sampler.frame()), SUMMARY: summary_writer(summary)})
         logger.log_results(out, summary)
         failed = False
     finally:
         logger.finish(failed)
     if logger.failure:   # the results are complete; what W&B lacks is said where the results are
         summary["logger_failure"] = logger.failure
-    write_atomic(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
+        write_files(out, {SUMMARY: summary_writer(summary)})
     return summary
 
 
@@ -210,7 +216,8 @@ def mode_from_config(c: dict) -> ModeConfig:
 
 def checked(node: DictConfig, group: str) -> None:
     """Checks the group's keys (resolved) against the schema of its `_target_` (harness/schema.py);
-    a `_target_` with no schema (a user's own class) against the keys its signature takes."""
+    a `_target_` with no schema (a user's own class) against the keys its signature takes and the
+    types its annotations give (int, float, bool, str)."""
     if node.get("_target_") is None:
         raise ValueError(f"{group}._target_=None is invalid; allowed: a class path (configs/{group}/*.yaml)")
     keys = OmegaConf.to_container(node, resolve=True)
@@ -218,9 +225,17 @@ def checked(node: DictConfig, group: str) -> None:
         return
     target = keys["_target_"]
     try:
-        params = inspect.signature(get_method(target)).parameters
+        component = get_method(target)
+        params = inspect.signature(component).parameters
     except Exception as exc:   # an unknown class path: Hydra's message names it
         raise ValueError(f"{group}._target_={target!r} is invalid; allowed: an importable class ({exc})") from None
+    try:
+        hints = typing.get_type_hints(component.__init__ if inspect.isclass(component) else component)
+    except Exception:   # noqa: BLE001 - annotations that do not resolve: the signature check alone
+        hints = {}
+    for key, value in keys.items():
+        if key in hints and key in params:
+            schema.check_annotated(value, hints[key], f"{group}.{key}")
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key, value in keys.items():
@@ -237,8 +252,9 @@ def instantiate_checked(node: DictConfig, group: str, **kwargs):
 
 def is_config_error(exc: BaseException) -> bool:
     """A bad key or value (one line naming it is the whole story) rather than a fault in the code (whose
-    traceback is printed): validation errors, Hydra's wrapping of them, OmegaConf's missing keys."""
-    return any(isinstance(e, (ValueError, OmegaConfBaseException)) for e in (exc, exc.__cause__))
+    traceback is printed): validation errors, Hydra's wrapping of them, OmegaConf's missing keys, and a
+    result that could not be written (WriteFailed names the directory and the files)."""
+    return any(isinstance(e, (ValueError, OmegaConfBaseException, WriteFailed)) for e in (exc, exc.__cause__))
 
 
 def progress_label(policy, workload, mode: ModeConfig, cluster: ClusterConfig, seed) -> str:
@@ -271,7 +287,7 @@ def error_message(exc: BaseException) -> str:
         key = getattr(exc, "full_key", None)
         return f"{text} (key: {key})" if key and key not in text else text
     text = str(exc).strip().replace("\n", " ")
-    return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, (ValueError, WriteFailed)) else f"{type(exc).__name__}: {text}"
 
 
 def record_failure(out_dir: str | os.PathLike, cfg: DictConfig, overrides: list[str], exc: BaseException) -> str:
@@ -281,8 +297,11 @@ def record_failure(out_dir: str | os.PathLike, cfg: DictConfig, overrides: list[
               "traceback": "".join(traceback.format_exception(exc)),
               "config": OmegaConf.to_container(cfg, resolve=False)}
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / ERROR, lambda p: p.write_text(json.dumps(record, indent=2, default=str) + "\n"))
+    try:   # a full or read-only disk: the message is still said (run.py, the end-of-sweep list)
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / ERROR, lambda p: p.write_text(json.dumps(record, indent=2, default=str) + "\n"))
+    except OSError as exc:
+        log.error("%s: cannot write %s: %s", out, ERROR, exc.strerror or exc)
     return message
 
 
@@ -332,12 +351,18 @@ def plan_metrics(plans: list[PlanRecord]) -> dict:
 
 def write_atomic(path: Path, write) -> None:
     """Write to a temporary name, flush it to disk, rename: a killed process or a crashed machine leaves
-    the old file or the new one, never a part of one."""
+    the old file or the new one, never a part of one; a write that fails (a full disk) removes its
+    temporary file."""
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)   # the rename itself
@@ -345,7 +370,30 @@ def write_atomic(path: Path, write) -> None:
         os.close(dir_fd)
 
 
-def write_results(out: Path, lifecycle: pd.DataFrame, timeline: list[dict], timeseries: pd.DataFrame) -> None:
-    write_atomic(out / "lifecycle.parquet", lambda p: lifecycle.to_parquet(p, index=False))
-    write_atomic(out / "engines.parquet", lambda p: pd.DataFrame(timeline, columns=TIMELINE_COLUMNS).to_parquet(p, index=False))
-    write_atomic(out / "timeseries.parquet", lambda p: timeseries.to_parquet(p, index=False))
+class WriteFailed(Exception):
+    """A result file could not be written (a full or read-only disk): the message names the directory,
+    the files written and those not, and is the whole story (no traceback)."""
+
+
+def write_files(out: Path, writers: dict) -> None:
+    """Each of `writers` (file name -> function writing that path), in order, atomically; an OSError
+    becomes WriteFailed naming what was and was not written."""
+    done = []
+    for name, write in writers.items():
+        try:
+            write_atomic(out / name, write)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise WriteFailed(f"cannot write {name} in {out}: {reason}; written: {', '.join(done) or 'nothing'}; "
+                              f"not written: {', '.join(list(writers)[len(done):])}") from exc
+        done.append(name)
+
+
+def result_writers(lifecycle: pd.DataFrame, timeline: list[dict], timeseries: pd.DataFrame) -> dict:
+    return {"lifecycle.parquet": lambda p: lifecycle.to_parquet(p, index=False),
+            "engines.parquet": lambda p: pd.DataFrame(timeline, columns=TIMELINE_COLUMNS).to_parquet(p, index=False),
+            "timeseries.parquet": lambda p: timeseries.to_parquet(p, index=False)}
+
+
+def summary_writer(summary: dict):
+    return lambda p: p.write_text(json.dumps(summary, indent=2) + "\n")

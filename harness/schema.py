@@ -43,6 +43,15 @@ def target(path: str):
     return field(default=path, metadata={"omittable": True, "target": True})
 
 
+# Upper bounds beyond which a value is a mistake, not an experiment: the periodic ticks (samples, control)
+# run per interval of simulated time, so a latency of 1e308 s or a sample every microsecond runs for ever.
+DAY_S = 86400.0
+HOUR_S = 3600.0
+AT_MOST_AN_HOUR = "a number >= 0 and <= 3600 (s; an hour)"
+MAX_BATCH = 65536     # prompts per step
+MAX_GROUP = 1024      # samples per prompt
+
+
 # --- top level -------------------------------------------------------------------------------------
 
 @dataclass(kw_only=True)
@@ -55,7 +64,7 @@ class RunSchema:
     backend: Any = key()
     logger: Any = key()
     seed: int = key(ge=0)
-    sample_interval_s: float = key(gt=0)
+    sample_interval_s: float = key(ge=0.01, le=DAY_S, allowed="a number >= 0.01 and <= 86400 (s; a day)")
     progress_interval_s: float = key(ge=0, allowed="a number >= 0 (0: a line every sample)")
 
 
@@ -89,9 +98,9 @@ class ClusterSchema:
     activation_reserve_bytes: float = key(ge=0)
     max_num_batched_tokens: int = key(ge=1)
     max_num_seqs: int = key(ge=1)
-    kv_transfer_setup_s: float = key(ge=0)
-    switch_time_s: float = key(ge=0)
-    reshard_switch_time_s: float = key(ge=0)
+    kv_transfer_setup_s: float = key(ge=0, le=HOUR_S, allowed=AT_MOST_AN_HOUR)
+    switch_time_s: float = key(ge=0, le=HOUR_S, allowed=AT_MOST_AN_HOUR)
+    reshard_switch_time_s: float = key(ge=0, le=HOUR_S, allowed=AT_MOST_AN_HOUR)
     reset_prefix_cache_on_switch: bool = key()
     engine: str = key(choices=("vllm", "sglang"), omittable=True)
     chunked_prefill_size: int = key(ge=1, omittable=True)
@@ -109,7 +118,7 @@ class ClusterSchema:
     #   reshard  stop, drain and reload with the new role's parallelism: reshard_switch_time_s when the
     #            parallelism changes (PEARL Table 3), else as drain.
     switch_mechanism: str = key(choices=("kv_both", "drain", "reshard"), omittable=True)
-    router_update_s: float = key(ge=0, omittable=True)
+    router_update_s: float = key(ge=0, le=HOUR_S, omittable=True, allowed=AT_MOST_AN_HOUR)
     # kv_both only: when an engine becomes a prefill engine, each decode it runs moves to the decode
     # engine with the least KV in use or promised, its KV shipped over the NIC and its output so far kept
     # (live migration as Llumnix does it, Sun et al., OSDI 2024); decode legs bound for it are re-sent.
@@ -331,6 +340,13 @@ class ModeComponentSchema(LogNormalSchema):
 
 
 @dataclass(kw_only=True)
+class LatencyComponentSchema(ModeComponentSchema):
+    """A tool-latency component: at most a day (a longer one only makes the periodic ticks run on)."""
+    median: float = key(gt=0, le=DAY_S, allowed="a number > 0 and <= 86400 (s; a day)")
+    high: float = key(gt=0, le=DAY_S, omittable=True, allowed="a number > 0 and <= 86400 (s; a day)")
+
+
+@dataclass(kw_only=True)
 class DriftSchema:
     output_per_step: float = key(gt=-1, omittable=True)
     turns_per_step: float = key(gt=-1, omittable=True)
@@ -341,8 +357,8 @@ class AgentSchema:
     """configs/workload/{search,search_long,swe,tooluse,browse,reasoning,synthetic}.yaml (workloads/agent.py)."""
     name: str = key(nonempty=True)
     family: str = key(nonempty=True)
-    batch_size: int = key(ge=1)
-    group_size: int = key(ge=1)
+    batch_size: int = key(ge=1, le=MAX_BATCH, allowed=f"an integer >= 1 and <= {MAX_BATCH}")
+    group_size: int = key(ge=1, le=MAX_GROUP, allowed=f"an integer >= 1 and <= {MAX_GROUP}")
     context_cap: int = key(ge=1)
     max_output_tokens: int = key(ge=1)
     max_turns: int = key(ge=1)
@@ -350,7 +366,7 @@ class AgentSchema:
     turns: list[ModeComponentSchema] = key()
     output: LogNormalSchema = key()
     tool_output: LogNormalSchema = key()
-    tool_latency: list[ModeComponentSchema] = key()
+    tool_latency: list[LatencyComponentSchema] = key()
     group_corr: float = key(ge=0, le=1, omittable=True)
     group_score_corr: float = key(ge=-1, le=1, omittable=True)
     turn_modes_per: str = key(choices=("sample", "group"), omittable=True)
@@ -365,8 +381,8 @@ class MixSchema:
     name: str = key(nonempty=True)
     components: dict[str, Any] = key(allowed="a mapping of name -> workload config")
     schedule: list[Any] = key(allowed="a list of {step: int, weights: {name: weight}}")
-    batch_size: int = key(ge=1)
-    group_size: int = key(ge=1)
+    batch_size: int = key(ge=1, le=MAX_BATCH, allowed=f"an integer >= 1 and <= {MAX_BATCH}")
+    group_size: int = key(ge=1, le=MAX_GROUP, allowed=f"an integer >= 1 and <= {MAX_GROUP}")
     _target_: str = target("workloads.mix.MixWorkload")
 
 
@@ -462,6 +478,21 @@ def check(node: Any, schema: type, where: str) -> None:
                 raise ValueError(f"{dot}{f.name}=None is invalid; allowed: a value (the key is required)")
             continue
         _check_value(node[f.name], hints[f.name], f.metadata, f"{dot}{f.name}")
+
+
+def check_annotated(value: Any, tp: Any, where: str) -> None:
+    """A key of a component with no schema (a user's own baseline) against its constructor's annotation,
+    where that is int, float, bool or str, or an Optional or list of them; any other annotation is left
+    to the component."""
+    if _plain(tp):
+        _check_value(value, tp, {}, where)
+
+
+def _plain(tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType, list):
+        return bool(args) and all(_plain(a) for a in args if a is not type(None))
+    return tp in (int, float, bool, str)
 
 
 def _check_value(value: Any, tp: Any, meta: Mapping, where: str) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,9 +35,22 @@ def unnamed(overrides: list[str]) -> str:
     return f"hydra.job.config.override_dirname.exclude_keys=[{','.join(keys)}]"
 
 
+@dataclass(frozen=True)
+class JobFailure:
+    """What run.py returns for a failed job: the failure is listed even where its error.json could not be
+    written (a full or read-only disk)."""
+    overrides: list[str]
+    message: str
+
+
 class FailedJobs(Callback):
     def __init__(self) -> None:
         self.before: dict[Path, int] = {}
+        self.returned: dict[Path, JobFailure] = {}   # job directory -> failure, from this process's jobs
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, JobFailure):
+            self.returned[Path(str(config.hydra.runtime.output_dir))] = job_return.return_value
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -46,18 +61,24 @@ class FailedJobs(Callback):
         failed = self._new(sweep_dir, ERROR)
         logging_failed = [(p, s) for p in self._new(sweep_dir, SUMMARY)
                           if (s := self._read(p)) is not None and s.get("logger_failure")]
-        if failed:
-            print(f"\n{len(failed)} job(s) of the sweep in {sweep_dir} failed:", file=sys.stderr)
+        recorded = {p.resolve() for p in failed}
+        unrecorded = [f for d, f in self.returned.items() if (d / ERROR).resolve() not in recorded]
+        if failed or unrecorded:
+            print(f"\n{len(failed) + len(unrecorded)} job(s) of the sweep in {sweep_dir} failed:", file=sys.stderr)
             for path in failed:
-                record = json.loads(path.read_text())
-                print(f"  {' '.join(record['overrides']) or '(no overrides)'}: {record['message']}\n"
+                record = self._read(path) or {}
+                overrides = " ".join(map(str, record.get("overrides") or [])) or "(no overrides)"
+                print(f"  {overrides}: {record.get('message', '(its error.json cannot be read)')}\n"
                       f"    details: {path}", file=sys.stderr)
+            for f in unrecorded:
+                print(f"  {' '.join(f.overrides) or '(no overrides)'}: {f.message}\n"
+                      f"    details: none ({ERROR} could not be written)", file=sys.stderr)
         if logging_failed:
             print(f"\n{len(logging_failed)} job(s) of the sweep in {sweep_dir} have complete results but "
                   "their W&B logging failed:", file=sys.stderr)
             for path, summary in logging_failed:
                 print(f"  {path.parent.name}: {summary['logger_failure']}", file=sys.stderr)
-        if failed:
+        if failed or unrecorded:
             sys.exit(1)
         if logging_failed:
             sys.exit(EXIT_LOGGER_FAILED)
@@ -68,9 +89,10 @@ class FailedJobs(Callback):
     @staticmethod
     def _read(path: Path) -> dict | None:
         try:
-            return json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+        return record if isinstance(record, dict) else None
 
     @staticmethod
     def _files(sweep_dir: Path, name: str) -> dict[Path, int]:

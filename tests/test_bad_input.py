@@ -121,8 +121,8 @@ CONFIG_CASES = [
     ("seed_negative", ["seed=-1"], "seed=-1 is invalid; allowed: an integer >= 0"),
     ("seed_text", ["seed=abc"], "seed='abc' is invalid; allowed: an integer >= 0"),
     ("seed_float", ["seed=1.5"], "seed=1.5 is invalid; allowed: an integer >= 0"),
-    ("sample_interval_zero", ["sample_interval_s=0"], "sample_interval_s=0 is invalid; allowed: a number > 0"),
-    ("sample_interval_text", ["sample_interval_s=abc"], "sample_interval_s='abc' is invalid; allowed: a number > 0"),
+    ("sample_interval_zero", ["sample_interval_s=0"], "sample_interval_s=0 is invalid; allowed: a number >= 0.01"),
+    ("sample_interval_text", ["sample_interval_s=abc"], "sample_interval_s='abc' is invalid; allowed: a number >= 0.01"),
     ("progress_interval", ["progress_interval_s=-1"], "progress_interval_s=-1 is invalid; allowed: a number >= 0"),
     ("added_top_level_key", ["+foo=1"], "foo=1 is invalid; allowed: one of backend, cluster, logger, mode, policy"),
     ("backend_name", ["backend.name=foo"], "backend.name='foo' is invalid; allowed: sim"),
@@ -169,6 +169,23 @@ CONFIG_CASES = [
     ("mix_component_text", ["workload=mix", "workload.components.swe.max_turns=abc"],
      "workload.components.swe.max_turns='abc' is invalid; allowed: an integer >= 1"),
     ("synthetic_name_empty", ["workload.name=''"], "workload.name='' is invalid; allowed: a non-empty string"),
+    # Beyond what a day or the hardware allows: refused, not run for ever (the periodic ticks).
+    ("sample_interval_tiny", ["sample_interval_s=1e-6"],
+     "sample_interval_s=1e-06 is invalid; allowed: a number >= 0.01 and <= 86400"),
+    ("sample_interval_huge", ["sample_interval_s=1e9"], "sample_interval_s=1000000000.0 is invalid"),
+    ("kv_setup_absurd", ["cluster.kv_transfer_setup_s=1e12"],
+     "cluster.kv_transfer_setup_s=1000000000000.0 is invalid; allowed: a number >= 0 and <= 3600"),
+    ("switch_time_absurd", ["cluster.switch_time_s=1e5"], "cluster.switch_time_s=100000.0 is invalid"),
+    ("reshard_time_absurd", ["cluster.reshard_switch_time_s=1e300"], "cluster.reshard_switch_time_s=1e+300 is invalid"),
+    ("router_update_absurd", ["cluster.router_update_s=7200"], "cluster.router_update_s=7200 is invalid"),
+    ("batch_size_absurd", ["workload.batch_size=100000000"],
+     "workload.batch_size=100000000 is invalid; allowed: an integer >= 1 and <= 65536"),
+    ("group_size_absurd", ["workload.group_size=1000000"], "workload.group_size=1000000 is invalid"),
+    ("tool_latency_absurd", ["workload=swe", "workload.tool_latency.0.median=1e308"],
+     "workload.tool_latency[0].median=1e+308 is invalid; allowed: a number > 0 and <= 86400"),
+    ("tool_latency_cap_absurd", ["workload=swe", "workload.tool_latency.0.high=1e12"],
+     "workload.tool_latency[0].high=1000000000000.0 is invalid"),
+    ("mix_batch_absurd", ["workload=mix", "workload.batch_size=100000000"], "workload.batch_size=100000000 is invalid"),
     # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
     ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
     ("unknown_top_level", ["foo=1"], "Key 'foo' is not in struct"),
@@ -199,6 +216,29 @@ TRACE_CASES = [
     ("first_prompt_empty", [turn0(new_tokens=0)], ":2: field 'turns[0].new_tokens'"),
     ("misspelt_line_key", [{**GOOD, "group": 1, "turn": []}], ":2: field 'turn': unknown"),
     ("unequal_groups", ["", {**GOOD, "group": 1}, {**GOOD, "group": 1}], ":3: field 'group': group 1 has 2"),
+    # Limits: duplicate keys, numbers within bounds, nesting, encoding (workloads/trace.py).
+    ("duplicate_line_key", ['{"group": 1, "family": "swe", "family": "tooluse", "turns": []}'],
+     ":2: field 'family': appears twice in one object"),
+    ("duplicate_turn_key", [json.dumps(turn0()).replace('"output_tokens": 20', '"output_tokens": 20, "output_tokens": 5')],
+     ":2: field 'output_tokens': appears twice in one object"),
+    ("new_tokens_400_digits", [json.dumps(turn0()).replace('"new_tokens": 100', '"new_tokens": ' + "9" * 400)],
+     ":2: field 'turns[0].new_tokens': expected an integer >= 1 and <= 10000000, got an integer of 400 digits"),
+    ("latency_400_digits", [json.dumps(turn0()).replace('"tool_latency_s": 1.5', '"tool_latency_s": ' + "9" * 400)],
+     ":2: field 'turns[0].tool_latency_s': expected a finite number >= 0 and <= 86400"),
+    ("integer_beyond_digit_limit", [json.dumps(turn0()).replace('"new_tokens": 100', '"new_tokens": ' + "9" * 5000)],
+     ":2: not valid JSON"),
+    ("latency_1e308", [turn0(tool_latency_s=1e308)], ":2: field 'turns[0].tool_latency_s': expected a finite number"),
+    ("latency_negative", [turn0(tool_latency_s=-1)], ":2: field 'turns[0].tool_latency_s'"),
+    ("output_tokens_absurd", [turn0(output_tokens=10 ** 12)], ":2: field 'turns[0].output_tokens'"),
+    ("max_output_absurd", [{**GOOD, "group": 1, "max_output_tokens": 10 ** 15}], ":2: field 'max_output_tokens'"),
+    ("tool_output_text", [turn0(tool_output_tokens="many")], ":2: field 'turns[0].tool_output_tokens'"),
+    ("nesting_100000_deep", ["[" * 100000 + "]" * 100000], ":2: nested too deeply"),
+    ("nesting_40_deep", [{**GOOD, "group": 1, "turns": [{**GOOD["turns"][0], "x": json.loads("[" * 40 + "]" * 40)}]}],
+     ":2: nested too deeply"),
+    ("not_utf8", [b'{"group": 1, "family": "sw\xff", "turns": []}'], ":2: not UTF-8 (byte 0xff"),
+    ("not_utf8_later_line", ["", "", b"\xc3\x28"], ":4: not UTF-8"),
+    ("group_null", [{**GOOD, "group": None}], ":2: field 'group': expected an integer or a string"),
+    ("turns_missing", [{"group": 1, "family": "swe"}], ":2: field 'turns': missing"),
 ]
 # Whole-file problems, named by the file.
 TRACE_FILE_CASES = [
@@ -233,7 +273,9 @@ results_file.write_text(json.dumps(results))
 
 
 def write_trace(path: Path, lines: list) -> None:
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in [GOOD, *lines]))
+    """A good first line, then `lines`: text, bytes (written as they are) or an object (as JSON)."""
+    path.write_bytes(b"".join((l if isinstance(l, bytes) else (l if isinstance(l, str) else json.dumps(l)).encode())
+                              + b"\n" for l in [GOOD, *lines]))
 
 
 def trace_args(path: Path) -> list[str]:
@@ -268,6 +310,13 @@ def cli(tmp_path_factory):
     cases.append({"id": "trace_without_path", "argv": [f"hydra.run.dir={base / 'trace_without_path'}",
                                                        "workload=trace", "mode.num_steps=1", "logger=none"]})
     expected["trace_without_path"] = "workload.path=??? is invalid; allowed: a value (the key is required"
+    cases.append({"id": "prior_is_itself", "argv": [f"hydra.run.dir={base / 'prior_is_itself'}", *trace_args(good),
+                                                    f"workload.prior_path={good}"]})
+    expected["prior_is_itself"] = f"workload.prior_path='{good}' is invalid; allowed: another trace than workload.path"
+    bad_prior = traces / "duplicate_line_key.jsonl"
+    cases.append({"id": "prior_is_bad", "argv": [f"hydra.run.dir={base / 'prior_is_bad'}", *trace_args(good),
+                                                 f"workload.prior_path={bad_prior}"]})
+    expected["prior_is_bad"] = f"{bad_prior}:2: field 'family': appears twice in one object"
     for case in cases:
         case["run_dir"] = str(base / case["id"])
     (base / "cases.json").write_text(json.dumps(cases))
@@ -278,7 +327,7 @@ def cli(tmp_path_factory):
 
 
 ALL_IDS = ([c[0] for c in CONFIG_CASES] + [c[0] for c in TRACE_CASES] + [c[0] for c in TRACE_FILE_CASES]
-           + ["trace_batch_size", "trace_without_path"])
+           + ["trace_batch_size", "trace_without_path", "prior_is_itself", "prior_is_bad"])
 
 
 def test_enough_distinct_cases():
@@ -327,6 +376,15 @@ TOOL_CASES = [
     ("harness.perf.calibrate", ["grid=huge"], "grid='huge' is invalid; allowed: full, quick"),
     ("harness.perf.calibrate", ["engines=0"], "engines='0' is invalid; allowed: an integer >= 1"),
     ("harness.perf.calibrate", ["contended=maybe"], "contended='maybe' is invalid; allowed: true, false"),
+    # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
+    ("harness.perf.calibrate", ["bogus=1"], "harness.perf.calibrate: error: Could not override 'bogus'."),
+    ("harness.perf.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
+    ("harness.fidelity", ["profile=missing.json"], "No such file or directory: 'missing.json'"),
+    ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
+    ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
+    ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),
+    ("workloads.card", ["workload=trace", "workload.path=missing.jsonl"], "error: missing.jsonl: no such trace file"),
+    ("workloads.card", ["--samples", "0"], "error: --samples=0 --steps=1 is invalid; allowed: integers >= 1"),
 ]
 
 
@@ -337,3 +395,41 @@ def test_tool_rejects_with_the_key_named_no_traceback(tmp_path, module, args, ex
     assert res.returncode == 2, res.stderr[-3000:]
     assert expected in res.stderr and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
     assert not list(tmp_path.iterdir())
+
+
+class UserBaseline:
+    """A user's own baseline (no schema in harness/schema.py): its keys typed by its constructor."""
+
+    def __init__(self, threshold: int = 3, ratio: float = 0.5, enabled: bool = True, label: str = "mine",
+                 engines: list[int] | None = None, anything=None):
+        self.threshold = threshold
+
+
+USER_BASELINE_CASES = [
+    ({"threshold": "abc"}, "policy.threshold='abc' is invalid; allowed: an integer"),
+    ({"threshold": 2.5}, "policy.threshold=2.5 is invalid; allowed: an integer"),
+    ({"ratio": "half"}, "policy.ratio='half' is invalid; allowed: a number"),
+    ({"enabled": "maybe"}, "policy.enabled='maybe' is invalid; allowed: true, false"),
+    ({"label": 5}, "policy.label=5 is invalid; allowed: a string"),
+    ({"engines": [1, "x"]}, "policy.engines[1]='x' is invalid; allowed: an integer"),
+    ({"thresold": 4}, "policy.thresold=4 is invalid; allowed: one of threshold, ratio, enabled, label, engines"),
+]
+
+
+@pytest.mark.parametrize("keys,expected", USER_BASELINE_CASES, ids=[next(iter(k)) + str(i) for i, (k, _) in
+                                                                    enumerate(USER_BASELINE_CASES)])
+def test_a_users_baseline_gets_its_keys_type_checked(keys, expected):
+    from omegaconf import OmegaConf
+
+    from harness.experiment import checked
+    with pytest.raises(ValueError) as e:
+        checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", **keys}), "policy")
+    assert str(e.value).startswith(expected), str(e.value)
+
+
+def test_a_users_baseline_with_good_keys_passes():
+    from omegaconf import OmegaConf
+
+    from harness.experiment import checked
+    checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", "threshold": 4, "ratio": 1, "enabled": False,
+                              "label": "x", "engines": [0, 1], "anything": {"a": 1}}), "policy")

@@ -6,6 +6,8 @@ and checks the lifecycle log, the per-leg log and the servers' own counters.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.api import EventKind, Role
@@ -120,7 +122,7 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(pool):
 
     async def two_requests():
         statuses = []
-        async with http_session() as session:
+        async with http_session(api_key=pool.api_key) as session:
             for i in range(2):
                 if i:
                     time.sleep(SERVER_KEEPALIVE_S + 0.5)   # not asyncio.sleep: the loop sees nothing meanwhile
@@ -144,7 +146,7 @@ def test_calibration_probes_the_path_to_a_step_under_each_load(pool):
     grid = replace(GRIDS["quick"], host_streams=2, host_probes=3, decode_tokens=8)
 
     async def probe():
-        async with http_session() as session:
+        async with http_session(api_key=pool.api_key) as session:
             c = EngineClient(session, pool.urls, 4096, model=load_config(BASE).backend.served_model_name)
             return await profile_host_path(c, grid, lambda _: None)
 
@@ -155,3 +157,47 @@ def test_calibration_probes_the_path_to_a_step_under_each_load(pool):
         assert r["probes"] == 3 and r["gap_p50_s"] > 0 and r["gap_mean_s"] > 0 and r["ttft_p50_s"] > 0
     assert rows[0]["stream_itl_p50_s"] is None
     assert all(r["stream_itl_p50_s"] > 0 for r in rows[1:])
+
+
+def non_loopback_address() -> str | None:
+    """An address of this machine other than loopback (the one a route out would use), if it has one."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))   # TEST-NET-1: no packet is sent for a UDP connect
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_a_server_refuses_a_request_without_the_runs_key_and_listens_on_loopback_only(pool):
+    """Closed by default (harness/engines/server.py): the single-node servers bind 127.0.0.1 and require
+    the key drawn for the run; a request without it, or with another key, is refused."""
+    import socket
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    body = json.dumps({"model": load_config(BASE).backend.served_model_name, "prompt": [1, 2, 3],
+                       "max_tokens": 1}).encode()
+
+    def status(url: str, headers: dict) -> int:
+        request = urllib.request.Request(url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    url = pool.urls[0]
+    assert urllib.parse.urlparse(url).hostname == "127.0.0.1"
+    assert status(url, {}) == 401
+    assert status(url, {"Authorization": "Bearer not-the-key"}) == 401
+    assert status(url, {"Authorization": f"Bearer {pool.api_key}"}) == 200
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback address to try")
+    with pytest.raises(OSError):
+        socket.create_connection((address, urllib.parse.urlparse(url).port), timeout=5).close()

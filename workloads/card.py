@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
+from harness.cli import BAD_INPUT, tool_error
 from harness.trajectory import TrajectoryScript
 from workloads.stats import METRICS, compare, metric_values, statistic
 from workloads.trace import export_trace
@@ -27,10 +27,11 @@ SUMMARY_STATS = ("mean", "p10", "p50", "p90", "p99")
 
 
 def build(overrides: list[str]):
-    """The workload that `python run.py <overrides>` would build."""
+    """The workload that `python run.py <overrides>` would build, its keys checked as run.py checks them."""
+    from harness.experiment import instantiate_checked
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
-    return instantiate(cfg.workload, seed=cfg.seed)
+    return instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
 
 
 def draw(workload, samples: int) -> list[tuple[TrajectoryScript, str]]:
@@ -92,7 +93,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--no-figure", action="store_true")
     args, overrides = p.parse_known_args(argv)
-    workload = build(overrides)
+    if args.samples < 1 or args.steps < 1:
+        p.error(f"--samples={args.samples} --steps={args.steps} is invalid; allowed: integers >= 1")
+    try:
+        workload = build(overrides)
+    except BAD_INPUT as exc:
+        p.error(tool_error(exc))
     labelled = draw(workload, args.samples)
     text = f"# Workload card: {workload.name}\n\n" + tables(labelled, getattr(workload, "targets", {}))
     print(text)

@@ -11,7 +11,10 @@ One trajectory per line:
   `tool_output_tokens`), `output_tokens` (integer >= 1), `tool_latency_s` (number >= 0) and
   `tool_output_tokens` (integer >= 0) of the tool call after the turn (the last turn's are ignored).
 - `max_output_tokens` (integer >= 1, optional): the per-turn cap a request carries.
-No other keys are accepted, so a misspelt field is an error rather than a silent default.
+No other keys are accepted, so a misspelt field is an error rather than a silent default; nor a key
+twice in one object (JSON would keep the last one silently). The file is UTF-8; token counts are at most
+MAX_TOKENS and latencies at most a day (larger ones are mistakes, and the periodic ticks of a run would
+go on for ever), numbers are finite, and nesting deeper than the format's is refused.
 
 Steps and batches: groups are taken in order of first appearance; all must have the same size (the
 group size). RL step s replays groups s*B .. s*B + B - 1 (B = `batch_size`, by default every group
@@ -49,6 +52,9 @@ from workloads.base import Workload, fit_lognormal, group_id, trajectory_id
 LINE_KEYS = {"group", "family", "turns", "max_output_tokens"}
 TURN_KEYS = {"new_tokens", "output_tokens", "tool_latency_s", "tool_output_tokens"}
 DEFAULT_MAX_OUTPUT_TOKENS = 32768
+MAX_TOKENS = 10_000_000          # tokens of one turn: beyond any model's context
+MAX_LATENCY_S = 86400.0          # one tool call: a day
+MAX_DEPTH = 16                   # nesting of a line: the format has 3 levels
 
 
 class TraceError(ValueError):
@@ -57,18 +63,44 @@ class TraceError(ValueError):
 
 def expect_int(value, where: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceError(f"{where}: expected an integer >= {low}, got {value!r}")
-    if value < low:
-        raise TraceError(f"{where}: expected an integer >= {low}, got {value}")
+        raise TraceError(f"{where}: expected an integer >= {low}, got {shown(value)}")
+    if not low <= value <= MAX_TOKENS:
+        raise TraceError(f"{where}: expected an integer >= {low} and <= {MAX_TOKENS}, got {shown(value)}")
     return value
 
 
 def expect_seconds(value, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TraceError(f"{where}: expected a number >= 0, got {value!r}")
-    if not (value >= 0 and math.isfinite(value)):
-        raise TraceError(f"{where}: expected a finite number >= 0, got {value}")
+        raise TraceError(f"{where}: expected a number >= 0, got {shown(value)}")
+    if not (0 <= value <= MAX_LATENCY_S and math.isfinite(value)):
+        raise TraceError(f"{where}: expected a finite number >= 0 and <= {MAX_LATENCY_S:.0f} (a day), "
+                         f"got {shown(value)}")
     return float(value)
+
+
+def shown(value) -> str:
+    """A value for a message: a 400-digit integer as its length, not its digits."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json's object hook: a key twice in one object is refused (json would keep the last silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise TraceError(f"field {key!r}: appears twice in one object")
+        out[key] = value
+    return out
+
+
+def depth(obj, limit: int) -> int:
+    """The nesting depth of a decoded line, counted without recursion up to `limit` + 1."""
+    level, frontier = 0, [obj]
+    while frontier and level <= limit:
+        level += 1
+        frontier = [v for o in frontier if isinstance(o, (dict, list)) for v in (o.values() if isinstance(o, dict) else o)]
+    return level
 
 
 def parse_line(obj, where: str) -> tuple[int | str, TrajectoryScript]:
@@ -116,16 +148,30 @@ def parse_line(obj, where: str) -> tuple[int | str, TrajectoryScript]:
 
 
 def json_lines(path: Path) -> Iterator[tuple[str, object]]:
-    """(`file:line`, parsed object) for every non-blank line; a line that is not JSON is a TraceError."""
-    with path.open() as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
+    """(`file:line`, parsed object) for every non-blank line; a line that is not UTF-8 JSON, has a key
+    twice in an object or nests too deeply is a TraceError naming the file and line."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
             try:
-                yield where, json.loads(text)
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text, object_pairs_hook=unique_keys)
+            except TraceError as e:
+                raise TraceError(f"{where}: {e}") from None
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except ValueError as e:   # an integer beyond Python's digit limit
+                raise TraceError(f"{where}: not valid JSON ({e})") from None
+            except RecursionError:
+                raise TraceError(f"{where}: nested too deeply (more than {MAX_DEPTH} levels)") from None
+            if depth(obj, MAX_DEPTH) > MAX_DEPTH:
+                raise TraceError(f"{where}: nested too deeply (more than {MAX_DEPTH} levels)")
+            yield where, obj
 
 
 def read_trace(path: str | Path) -> list[list[TrajectoryScript]]:
@@ -163,6 +209,9 @@ class TraceWorkload:
     prior_groups: list[list[TrajectoryScript]] = field(init=False, repr=False)
 
     def __post_init__(self):
+        if self.prior_path is not None and Path(self.prior_path).resolve() == Path(self.path).resolve():
+            raise ValueError(f"workload.prior_path={self.prior_path!r} is invalid; allowed: another trace than "
+                             f"workload.path, or null (the priors are then learned from workload.path)")
         self.groups = read_trace(self.path)
         self.prior_groups = self.groups if self.prior_path is None else read_trace(self.prior_path)
         self.group_size = len(self.groups[0])

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.engines.server import auth_headers
 from harness.timeline import RoleTimeline
 
 K = EventKind
@@ -52,15 +53,19 @@ log = logging.getLogger(__name__)
 # request body") and its healthy engine was declared gone. Idle connections are dropped before any
 # server drops them.
 SERVER_KEEPALIVE_S = 5.0
+# Server flags the harness owns, whatever backend.extra_args say (harness/engines/server.py).
+ACCESS_FLAGS = ("--host", "--api-key")
 CLIENT_KEEPALIVE_S = 4.0
 
 
-def http_session(timeout: float | None = None):
+def http_session(timeout: float | None = None, api_key: str = ""):
     """The aiohttp session every client of the engines uses: no connection limit, a 10 s connect
-    timeout, `timeout` seconds for a whole request (None: none), idle connections kept 4 s."""
+    timeout, `timeout` seconds for a whole request (None: none), idle connections kept 4 s, and the run's
+    API key on every request (the servers refuse a request without it)."""
     import aiohttp
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S),
-                                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=10))
+                                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=10),
+                                 headers=auth_headers(api_key))
 
 
 class EngineGone(Exception):
@@ -160,7 +165,8 @@ class HttpBackendBase:
     plans_inline = False   # a plan runs in a worker thread while the loop routes and streams
 
     def __init__(self, urls: list[str], roles: list[Role], *, time_scale: float = 1.0, switch_wait_s: float = 0.0,
-                 kv_capacity_tokens: int = 0, max_retries: int = 3, health_interval_s: float = 2.0):
+                 kv_capacity_tokens: int = 0, max_retries: int = 3, health_interval_s: float = 2.0,
+                 api_key: str = ""):
         if len(roles) != len(urls):
             raise ValueError(f"policy gave {len(roles)} roles for {len(urls)} engines")
         if not time_scale > 0:
@@ -168,6 +174,7 @@ class HttpBackendBase:
         if not switch_wait_s >= 0:
             raise ValueError(f"switch_wait_s={switch_wait_s} is invalid; allowed: a number >= 0")
         self.time_scale = time_scale
+        self.api_key = api_key                 # the servers' key (harness/engines/server.py), sent on every request
         self.switch_wait_s = switch_wait_s     # after the server's switch: from the cluster config (subclasses)
         self.max_retries = max_retries
         self.health_interval_s = health_interval_s
@@ -432,7 +439,7 @@ class HttpBackendBase:
     # --- internals ------------------------------------------------------------------------------
     async def _main(self) -> None:
         self._idle = asyncio.Event()
-        self.session = http_session()
+        self.session = http_session(api_key=self.api_key)
         monitor = self.loop.create_task(self._monitor())
         try:
             await self._on_start()
@@ -600,9 +607,14 @@ def _timeout(total: float):
 
 
 def check_extra_args(extra: list[str], owned: dict[str, str]) -> None:
-    """backend.extra_args may not set a flag the cluster config owns (two sources that could disagree)."""
+    """backend.extra_args may not set a flag the cluster config owns (two sources that could disagree), nor
+    the address a server binds or its API key (harness/engines/server.py: closed by default)."""
     for a in extra:
         flag = a.split("=", 1)[0]
+        if flag in ACCESS_FLAGS:
+            raise ValueError(f"backend.extra_args sets {flag}, which the harness sets (a server binds 127.0.0.1 "
+                             f"on one node, the node's address across nodes, and requires a key drawn per run); "
+                             f"remove {flag} from backend.extra_args")
         if flag in owned:
             raise ValueError(f"backend.extra_args sets {flag}, which comes from cluster.{owned[flag]}; "
                              f"set cluster.{owned[flag]} instead and remove {flag} from backend.extra_args")

@@ -5,39 +5,60 @@ and worker processes too: killing only vLLM's API-server PID leaves them orphane
 waits for GET /health, and restarts, kills (fault injection) or stops it. `EnginePool` holds one per
 engine: as Ray actors placed by Ray resources (`ray.init(address=...)` reaches an existing cluster),
 or in-process when Ray is disabled. Start-up runs for all engines in parallel.
+
+Closed by default: a server binds 127.0.0.1 when every engine is on the driver's node (no Ray, or a Ray
+cluster of one node), else the node's cluster address, never every interface; and it requires the API
+key the pool draws per run (`--api-key`), which the clients send (`Authorization: Bearer`). A command
+names these with the placeholders "{host}" and "{api_key}" (the key is never written to the log).
 """
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass
 class ServerSpec:
-    """How to launch one engine's server. `port=0` picks a free port on the node at start."""
+    """How to launch one engine's server. `port=0` picks a free port on the node at start (again if the
+    server finds it taken: the probe and the server's bind cannot be one step)."""
 
     engine_id: int
-    argv: list[str]                     # command; "{port}" is replaced by the chosen port
+    argv: list[str]                     # command; "{port}", "{host}", "{api_key}" are replaced at start
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    host: str = LOOPBACK                # "": the node's cluster address (engines on several nodes)
+    api_key: str = ""
     log_path: str = ""
     startup_timeout_s: float = 600.0
     num_cpus: float = 1.0               # Ray resources of the actor
     num_gpus: float = 0.0
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def new_api_key() -> str:
+    """A key for one run's servers: a client without it is refused."""
+    return secrets.token_urlsafe(32)
+
+
+def _port_taken(log_text: str) -> bool:
+    """The server's start-up log says its port was taken (between our probe and its bind)."""
+    return "Address already in use" in log_text or "[Errno 98]" in log_text
 
 
 def _parent_death_signal() -> None:
@@ -54,31 +75,49 @@ class ServerProcess:
         self.spec = spec
         self.proc: subprocess.Popen | None = None
         self.port = spec.port
-        self.host = "127.0.0.1"
+        self.host = spec.host
         self.starts = 0
 
     # --- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> str:
-        """Launch and wait for /health; returns the base URL. Raises with the log tail on failure."""
+    def start(self, port_retries: int = 3) -> str:
+        """Launch and wait for /health; returns the base URL. Raises with the log tail on failure. A port
+        picked here and taken by another process before the server bound it is picked again."""
         if self.proc is not None and self.proc.poll() is None:
             return self.url
-        if not self.port:
-            self.port = _free_port()
-        try:
+        if not self.host:
             import ray
-            if ray.is_initialized():
-                self.host = ray.util.get_node_ip_address()
-        except ImportError:
-            pass
-        argv = [a.replace("{port}", str(self.port)) for a in self.spec.argv]
+            self.host = ray.util.get_node_ip_address()
+        for attempt in range(port_retries + 1):
+            picked = not self.spec.port
+            if picked:
+                self.port = _free_port(self.host)
+            log_start = self._launch()
+            try:
+                return self._wait_healthy()
+            except RuntimeError:
+                if not (picked and attempt < port_retries and _port_taken(self._log_since(log_start))):
+                    raise
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _launch(self) -> int:
+        """Start the server process; returns the log's size before this start's lines."""
+        argv = [self._fill(a, self.spec.api_key) for a in self.spec.argv]
+        shown = [self._fill(a, "***") for a in self.spec.argv]
         log = open(self.spec.log_path or os.devnull, "ab")
-        log.write(f"\n==== start {self.starts} {time.ctime()}: {' '.join(argv)}\n".encode())
+        log_start = log.tell()
+        log.write(f"\n==== start {self.starts} {time.ctime()}: {' '.join(shown)}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(argv, env={**os.environ, **self.spec.env}, stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      preexec_fn=_parent_death_signal)
         log.close()
         self.starts += 1
+        return log_start
+
+    def _fill(self, arg: str, api_key: str) -> str:
+        return arg.replace("{port}", str(self.port)).replace("{host}", self.host).replace("{api_key}", api_key)
+
+    def _wait_healthy(self) -> str:
         deadline = time.monotonic() + self.spec.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -140,8 +179,9 @@ class ServerProcess:
         return self.proc.pid if self.proc is not None else -1
 
     def healthy(self, timeout_s: float = 2.0) -> bool:
+        request = urllib.request.Request(f"{self.url}/health", headers=auth_headers(self.spec.api_key))
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=timeout_s) as r:
+            with urllib.request.urlopen(request, timeout=timeout_s) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -151,6 +191,19 @@ class ServerProcess:
             return "\n".join(Path(self.spec.log_path).read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no log)"
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.spec.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The header a client of the run's servers sends (none when they were started without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 class EnginePool:
@@ -174,6 +227,9 @@ class EnginePool:
                 ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
                          num_cpus=None if ray_address else max(len(specs), os.cpu_count() or 1),
                          configure_logging=False)
+            if sum(n["Alive"] for n in ray.nodes()) > 1:   # engines may run on other nodes than the driver
+                specs = [replace(s, host="") if s.host == LOOPBACK else s for s in specs]
+                self.specs = specs
             bundles = [{"CPU": s.num_cpus, **({"GPU": s.num_gpus} if s.num_gpus else {})} for s in specs]
             self.placement = placement_group(bundles, strategy="PACK")
             ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
@@ -189,6 +245,11 @@ class EnginePool:
                             for i, s in enumerate(specs)]
         else:
             self.servers = [ServerProcess(s) for s in specs]
+
+    @property
+    def api_key(self) -> str:
+        """The key the servers require (one per run, the same for every engine)."""
+        return self.specs[0].api_key if self.specs else ""
 
     def _call(self, i: int, method: str, *args):
         """A blocking call of a server method, through its actor when Ray is on."""

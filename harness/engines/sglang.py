@@ -27,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import tempfile
+from pathlib import Path
 from urllib.parse import urlparse
 
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
 from harness.engines.base import EngineGone, EngineRuntime, HttpBackendBase, Job, LegError, check_extra_args
-from harness.engines.server import EnginePool, ServerSpec
+from harness.engines.server import EnginePool, ServerSpec, new_api_key
 
 
 # --- the servers' command lines ------------------------------------------------------------------
@@ -122,7 +124,8 @@ def _sglang_owned_flags(role: Role) -> dict[str, str]:
 
 
 def sglang_argv(cfg: dict, cluster: ClusterConfig, role: Role, bootstrap_port: int) -> list[str]:
-    """The command line of one SGLang engine launched for `role` ("{port}" stands for its port): the backend
+    """The command line of one SGLang engine launched for `role` ("{host}", "{port}" and "{api_key}" are
+    filled at start, harness/engines/server.py): the backend
     config's flags, the cluster's (sglang_cluster_flags), the PD flags, then backend.extra_args. Pure."""
     if not cfg.get("model") or cfg.get("model") == "???":
         raise ValueError(f"backend.model={cfg.get('model')!r} is invalid; allowed: a model path for --model-path")
@@ -130,7 +133,8 @@ def sglang_argv(cfg: dict, cluster: ClusterConfig, role: Role, bootstrap_port: i
     check_extra_args(extra, _sglang_owned_flags(role))
     mode = "null" if role == Role.COLOCATED else role.value
     argv = [cfg.get("python") or sys.executable, "-m", "sglang.launch_server", "--model-path", str(cfg["model"]),
-            "--host", "0.0.0.0", "--port", "{port}", "--disaggregation-mode", mode, "--enable-metrics"]
+            "--host", "{host}", "--port", "{port}", "--api-key", "{api_key}", "--disaggregation-mode", mode,
+            "--enable-metrics"]
     argv += sglang_cluster_flags(cluster, role)
     if role != Role.COLOCATED:
         argv += ["--disaggregation-transfer-backend", cfg.get("transfer_backend", "mooncake"),
@@ -177,14 +181,17 @@ class SGLangBackend(HttpBackendBase):
 
         def argv_for(i: int, role: Role) -> list[str]:
             return sglang_argv(cfg, cluster, role, bps[i])
+        log_dir = Path(cfg.get("log_dir") or tempfile.mkdtemp(prefix="prorsa-engines-"))   # never a shared fixed path
+        log_dir.mkdir(parents=True, exist_ok=True)
+        api_key = new_api_key()
         specs = [ServerSpec(engine_id=i, argv=argv_for(i, roles[i]), port=int(cfg.get("base_port", 30000)) + i,
-                            log_path=f"{cfg.get('log_dir') or '/tmp'}/sglang_engine{i}.log",
+                            log_path=str(log_dir / f"sglang_engine{i}.log"), api_key=api_key,
                             startup_timeout_s=float(cfg.get("startup_timeout_s", 1200)),
                             num_gpus=float(cluster.gpus_per_engine)) for i in range(n)]
         ray_cfg = cfg.get("ray") or {}
         pool = EnginePool(specs, use_ray=bool(ray_cfg.get("enabled", True)), ray_address=ray_cfg.get("address"))
         pool.start()
-        return cls(pool.urls, roles, router_url=cfg.get("router_url"), bootstrap_ports=bps, pool=pool,
+        return cls(pool.urls, roles, router_url=cfg.get("router_url"), bootstrap_ports=bps, pool=pool, api_key=api_key,
                    argv_for=argv_for, relaunch=lambda old, new: sglang_switch_relaunches(cluster, old, new), **kw)
 
     # --- router membership ----------------------------------------------------------------------

@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.api import EventKind as K, Role
 from harness.cluster import ClusterConfig
 from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, check_extra_args
-from harness.engines.server import EnginePool, ServerSpec
+from harness.engines.server import EnginePool, ServerSpec, new_api_key
 
 NIXL_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                        "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -118,7 +118,8 @@ def vllm_argv(cfg: dict, cluster: ClusterConfig, role: Role = Role.COLOCATED) ->
 
 
 def _vllm_base_argv(cfg: dict) -> list[str]:
-    """The flags from the backend config: model, port, dtype, KV connector (kv_both), metrics."""
+    """The flags from the backend config: model, address, port and key (placeholders filled at start,
+    harness/engines/server.py), dtype, KV connector (kv_both), metrics."""
     if not cfg.get("model") or cfg["model"] == "???":
         raise ValueError(f"backend.model={cfg.get('model')!r} is invalid; allowed: a model directory or hub name")
     kv = {"kv_connector": cfg.get("kv_connector", "ExampleConnector"), "kv_role": "kv_both",
@@ -129,7 +130,7 @@ def _vllm_base_argv(cfg: dict) -> list[str]:
         kv["kv_connector_extra_config"] = {"shared_storage_path": cfg["kv_shared_dir"]}
     argv = [cfg.get("python") or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(cfg["model"]), "--served-model-name", cfg.get("served_model_name", "model"),
-            "--port", "{port}", "--dtype", str(cfg.get("dtype", "auto")), "--max-model-len", str(cfg["max_model_len"]),
+            "--host", "{host}", "--port", "{port}", "--api-key", "{api_key}", "--dtype", str(cfg.get("dtype", "auto")), "--max-model-len", str(cfg["max_model_len"]),
             "--kv-transfer-config", json.dumps(kv), "--enable-per-request-metrics",
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
     if cfg.get("skip_tokenizer_init", True):
@@ -160,7 +161,7 @@ def vllm_server_specs(cfg: dict, cluster: ClusterConfig, roles: list[Role] | Non
     """Every engine's launch spec: engine i runs with the parallelism of `roles[i]` (its initial role;
     kv_both switches keep it, as in the simulator), all colocated's when `roles` is None. `num_engines`
     defaults to the cluster's. Builds the tiny model when backend.model is null and makes the KV and log
-    directories; returns the specs and the KV directory."""
+    directories; draws the servers' API key; returns the specs and the KV directory."""
     n = cluster.num_engines if num_engines is None else num_engines
     roles = list(roles) if roles is not None else [Role.COLOCATED] * n
     if len(roles) != n:
@@ -169,7 +170,8 @@ def vllm_server_specs(cfg: dict, cluster: ClusterConfig, roles: list[Role] | Non
     # NixlConnector's side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + the DP rank
     # (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py): engines are spaced by the DP size.
     stride = max(p.dp for p in cluster.parallelism.values())
-    return [_spec(cfg, i, vllm_argv(cfg, cluster, role), _env(cfg, i, stride), cluster.gpus_per_engine)
+    api_key = new_api_key()
+    return [_spec(cfg, i, vllm_argv(cfg, cluster, role), _env(cfg, i, stride), cluster.gpus_per_engine, api_key)
             for i, role in enumerate(roles)], cfg["kv_shared_dir"]
 
 
@@ -195,8 +197,8 @@ def _env(cfg: dict, i: int, nixl_stride: int) -> dict[str, str]:
     return env
 
 
-def _spec(cfg: dict, i: int, argv: list[str], env: dict, gpus_per_engine: int) -> ServerSpec:
-    return ServerSpec(engine_id=i, argv=argv, env=env,
+def _spec(cfg: dict, i: int, argv: list[str], env: dict, gpus_per_engine: int, api_key: str) -> ServerSpec:
+    return ServerSpec(engine_id=i, argv=argv, env=env, api_key=api_key,
                       port=int(cfg.get("base_port") or 0) and int(cfg["base_port"]) + i,
                       log_path=str(Path(cfg["log_dir"]) / f"engine{i}.log"),
                       startup_timeout_s=float(cfg.get("startup_timeout_s", 600)),
@@ -213,7 +215,7 @@ class VllmBackend(HttpBackendBase):
                  seed: int = 0, vocab: int = 4096, **kw):
         if not pool.urls:
             pool.start()
-        super().__init__(list(pool.urls), roles, **kw)
+        super().__init__(list(pool.urls), roles, api_key=pool.api_key, **kw)
         self.pool = pool
         self.owns_pool = owns_pool
         self.kv_shared_dir = kv_shared_dir

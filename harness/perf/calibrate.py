@@ -539,12 +539,12 @@ async def profile_steps(c: EngineClient, g: Grid, log) -> dict:
 
 
 async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: int, contended: bool = False,
-                         log=None) -> tuple[dict, dict | None]:
+                         log=None, api_key: str = "") -> tuple[dict, dict | None]:
     """The isolated profile (engine 1 idle but for the KV transfer and the contention rows) and, with
     `contended`, the same steps measured while engine 1 runs `background_load`."""
     log = log or logger.info
     from harness.engines.base import http_session
-    async with http_session(timeout=600) as s:
+    async with http_session(timeout=600, api_key=api_key) as s:
         c = EngineClient(s, urls, vocab)
         c.max_model_len = max_model_len
         c.server_itl = True
@@ -625,7 +625,7 @@ def calibrate(overrides: list[str], out: str, grid: Grid, engines: int = 2, cont
         urls = pool.start()
         log(f"servers up in {time.perf_counter() - t0:.0f} s: {urls}")
         p, q = asyncio.run(profile_engine(urls, grid, int(bcfg.get("vocab", 4096)), int(bcfg["max_model_len"]),
-                                          contended, log))
+                                          contended, log, pool.api_key))
     finally:
         pool.stop()
         shutil.rmtree(kv_dir, ignore_errors=True)

@@ -23,9 +23,11 @@ colocated engine's time per token mixes in prefill chunks, which the model count
 so only decode engines are fitted; as PEARL has one A and b, the fit also serves colocated engines
 with the decode engines' parallelism (other parallelisms keep the cost model's line). T_over cannot be
 told apart from queueing in the events, so it stays as configured. B is the trajectories in flight: a
-sync step, or the async concurrency. The policy switches only when the best split's predicted makespan
-beats the current one's by more than `hysteresis` times the current one; as in the model described,
-the switch time itself is not weighed.
+sync step, or the async concurrency. A candidate other than the present split is priced by its switch:
+the time its moving engines serve nothing (harness.cluster.switch_delay_s: the reload under reshard,
+the switch time under drain, the router update under kv_both) is added to its predicted makespan, as
+PEARL's model weighs a reconfiguration against its gain. The policy switches only when the best priced
+split beats the current one's makespan by more than `hysteresis` times the current one.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from statistics import NormalDist
 import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
-from harness.cluster import ClusterConfig, cost_model
+from harness.cluster import ClusterConfig, cost_model, switch_delay_s
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch
 from harness.prorsa.switcher import COLOCATED, current_split, target_roles
@@ -99,16 +101,28 @@ class Decision:
     switch: bool
 
 
-def choose(model: MakespanModel, current: int | None, hysteresis: float) -> Decision:
-    """The split with the smallest predicted makespan; from `current`, only if it gains more than
-    `hysteresis` times the current prediction (None: the first choice, no hysteresis)."""
-    predicted = {k: model.makespan(k) for k in range(model.engines)}   # 0 is colocation
+def choose(model: MakespanModel, current: int | None, hysteresis: float,
+           price: dict[int, float] | None = None) -> Decision:
+    """The split with the smallest predicted makespan, each candidate's switch `price` (s) added; from
+    `current`, only if it gains more than `hysteresis` times the current prediction (None: the first
+    choice, no hysteresis, nothing to switch from)."""
+    price = price or {}
+    predicted = {k: model.makespan(k) + price.get(k, 0.0) for k in range(model.engines)}   # 0 is colocation
     best = min(predicted, key=lambda k: (predicted[k], k))
     if current is None:
         return Decision(best, predicted, True)
     now = predicted[current]   # infinite when the current split can no longer hold the batch
     switch = best != current and (math.isinf(now) or now - predicted[best] > hysteresis * now)
     return Decision(best if switch else current, predicted, switch)
+
+
+def switch_price_s(cluster: ClusterConfig, view: ClusterView, split: int) -> float:
+    """The time a switch from the present roles to `split` keeps its moving engines out of service: they
+    switch side by side, so the slowest of them (a reload where the parallelism changes under reshard)."""
+    roles = target_roles(view, split)
+    moves = [(e.launched_as or e.role, roles[e.engine_id]) for e in view.engines if roles[e.engine_id] != e.role]
+    return max((switch_delay_s(cluster, cluster.switch_mechanism == "reshard"
+                               and cluster.parallelism[a] != cluster.parallelism[b]) for a, b in moves), default=0.0)
 
 
 # --- cost-model terms ---------------------------------------------------------------------------
@@ -334,7 +348,8 @@ class Pearl:
         if not self._due or current is None:   # between boundaries, or a switch still under way
             return None
         self._due = False
-        d = choose(self.model, current, self.hysteresis)
+        d = choose(self.model, current, self.hysteresis,
+                   {k: switch_price_s(self.cluster, view, k) for k in range(self.cluster.num_engines) if k != current})
         self._record(view.now, d)
         if not d.switch:
             return None

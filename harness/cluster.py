@@ -147,6 +147,15 @@ _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixe
              "router_balance_rel", "prefill_time_scale", "decode_time_scale")
 
 
+def switch_delay_s(cluster: ClusterConfig, reshard: bool) -> float:
+    """How long a switching engine serves nothing once nothing runs on it (`reshard`: it reloads with
+    another parallelism); under kv_both nothing drains and the router update is the whole switch. One
+    rule for the simulator, the real backends and the baselines that price a switch."""
+    if cluster.switch_mechanism == "kv_both":
+        return cluster.router_update_s
+    return cluster.reshard_switch_time_s if reshard else cluster.switch_time_s
+
+
 def cost_model(cluster: ClusterConfig, role: Role):
     """The step-time model of an engine launched for `role`."""
     return parallel_cost_model(cluster, cluster.parallelism[role])

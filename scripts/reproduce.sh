@@ -62,6 +62,8 @@ sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_pre
 # Ablations on the prefill-heavy setting: forecasting off, role switching off, horizon, switch cost.
 sweep ablations +experiment=heavy_prefill policy=colocate
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.forecast=true,false policy.switching=true,false
+sweep ablations +experiment=heavy_prefill policy=prorsa policy.initial=colocated policy.forecast=true,false \
+  policy.switching=true,false
 sweep ablations +experiment=heavy_prefill policy=prorsa policy.horizon_s=5,10,40
 sweep ablations +experiment=heavy_prefill policy=prorsa,colocate cluster.switch_time_s=1,30 \
   cluster.reshard_switch_time_s=10,120

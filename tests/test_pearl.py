@@ -57,6 +57,21 @@ def test_hysteresis_holds_a_small_gain():
     assert moved.split == 2 and moved.switch
 
 
+def test_a_switch_is_priced_by_the_time_its_engines_serve_nothing():
+    """PD gains 0.2 s of colocation's 1.8 s; a switch that reloads engines for 60 s (reshard, a new
+    parallelism) or drains them for 6 s costs more than that, a kv_both router update nothing."""
+    from baselines.pearl import switch_price_s
+    heavy = replace(FLIP, new_tokens=5000)
+    colocated = view([Role.COLOCATED] * 8, 1.0)
+    for overrides, price in ((["cluster.switch_mechanism=reshard"], 60.0), (["cluster.switch_mechanism=drain"], 6.0),
+                             (["cluster.switch_mechanism=kv_both"], 0.0)):
+        cluster = cluster_of(["cluster=moe_h200", *overrides])
+        assert switch_price_s(cluster, colocated, 2) == price
+        assert switch_price_s(cluster, colocated, COLOCATED) == 0.0    # staying moves nothing
+        d = choose(heavy, COLOCATED, 0.0, {k: switch_price_s(cluster, colocated, k) for k in range(1, 8)})
+        assert d.switch == (price == 0.0) and d.predicted[2] == pytest.approx(1.6 + price)
+
+
 def test_decode_fit_recovers_a_line_and_rejects_no_spread():
     fit = DecodeFit()
     for x in (1.0, 2.0, 4.0, 8.0):
@@ -134,8 +149,8 @@ def test_refit_from_one_step_of_events_and_decide_only_at_the_boundary():
 
 
 def test_plan_moves_as_few_engines_as_possible():
-    p = Pearl(hysteresis=0.0)
-    p.initial_roles(cluster_of(["cluster=dense_h100"]), run_info(per_step=1))
+    p = Pearl(hysteresis=0.0)     # kv_both: a switch costs nothing, so only the engines moved are at stake
+    p.initial_roles(cluster_of(["cluster=dense_h100", "cluster.switch_mechanism=kv_both"]), run_info(per_step=1))
     heavy = replace(FLIP, new_tokens=5000)           # best: 2 prefill engines
     for before, changed in (([Role.PREFILL] * 3 + [Role.DECODE] * 5, 1), ([Role.COLOCATED] * 8, 8)):
         p.observe(E(K.TRAJECTORY_START, 0.0, 9, 0))

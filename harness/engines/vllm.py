@@ -33,7 +33,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.api import EventKind as K, Role
-from harness.cluster import ClusterConfig
+from harness.cluster import ClusterConfig, switch_delay_s
 from harness.engines.base import EngineGone, HttpBackendBase, Job, LegError, check_extra_args
 from harness.engines.server import EnginePool, ServerSpec, new_api_key
 
@@ -153,7 +153,7 @@ def vllm_switch_wait_s(cluster: ClusterConfig) -> float:
     if cluster.migrate_decodes_on_switch:
         raise ValueError("cluster.migrate_decodes_on_switch=true is invalid for the vLLM backend: vLLM cannot move "
                          "a running request to another server (Llumnix patches it to); allowed: false")
-    return float(cluster.router_update_s)
+    return float(switch_delay_s(cluster, False))
 
 
 def vllm_server_specs(cfg: dict, cluster: ClusterConfig, roles: list[Role] | None = None,

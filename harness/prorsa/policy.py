@@ -142,6 +142,9 @@ class Prorsa:
         # throughout); launched in 1P7D instead (no hedge), its browse steps ran with three prefill
         # engines of decode parallelism (DP4+EP4): 122.4 and 152.6 s against 116.9 and 148.9 s.
         self._step_split_mix = None if self.initial != "colocated" and self._hedged_start() else self.weights
+        # a start planned on the neutral prior is a guess: the next step start is planned again from what
+        # the first step showed (sync; async plans learn as they roll)
+        self._start_guessed = self.priors == "none"
         return roles_for(split, cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
@@ -268,20 +271,24 @@ class Prorsa:
         initial allocation is (whatif.py, samples of a batch from the distributions learned so far),
         each candidate reached from the present roles with its switch priced; where they did not, the
         step starts where the last one did, unless the trainer's declared task mix for the next step
-        differs from the one the present split was planned for: then the step is planned for its own
-        mix. Measured on a trace of a retrieval agent's step (~8k-token documents per turn) then a
+        differs from the one the present split was planned for, or the run started on the neutral prior
+        (`priors: none`) and this is its second step: then the step is planned for its own mix and
+        from what the run has shown. Measured on a trace of a retrieval agent's step (~8k-token documents per turn) then a
         data-analysis agent's (moe_h200_sglang): 6P2D is best for the first (26.9 s), 2P6D for the
         second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s).
         With `forecast: false` nothing is planned here: the plan is a forecast of the next batch, and
         before a step nothing is under way to plan from (the ablation's "present turns only")."""
         current = current_split(view)
         mix = self._next_step_mix()
+        guessed = self._start_guessed and self.tracker.started > 0
         if not (self.switching and self.use_forecast) or current is None or (
-                current == self._step_split and self._step_split_mix is not None and same_mix(mix, self._step_split_mix)):
+                current == self._step_split and self._step_split_mix is not None and same_mix(mix, self._step_split_mix)
+                and not guessed):
             return None
         with nested_runs():
             split = self._initial_split(view, mix)
         self._step_split, self._step_split_mix = split, mix
+        self._start_guessed = self._start_guessed and not guessed
         if split == current:
             return None
         self._last_switch = view.now

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 from mypy_extensions import mypyc_attr
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
-from harness.cluster import ClusterConfig, parallel_cost_model
+from harness.cluster import ClusterConfig, parallel_cost_model, switch_delay_s
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
 from harness.routing import EngineList, decode_load, prefill_load, request_load
@@ -192,7 +192,7 @@ class SimBackend:
             # Nothing drains: the engine keeps what it runs and queues; only the router changes.
             e.switching = True
             self.timeline.enter(e.id, self.loop.now, e.role, "switching")
-            self.loop.at_engine(self.loop.now + self.cluster.router_update_s, partial(self._switch_done, e, False))
+            self.loop.at_engine(self.loop.now + switch_delay_s(self.cluster, False), partial(self._switch_done, e, False))
             return
         self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         self.mark_stale(e)
@@ -403,7 +403,7 @@ class SimBackend:
         par = self.cluster.parallelism[e.target_role]
         # (operator.ne: compiled, `par != e.par` on this dataclass compares identities, harness/native.py)
         reshard = self.cluster.switch_mechanism == "reshard" and operator.ne(par, e.par)
-        delay = self.cluster.reshard_switch_time_s if reshard else self.cluster.switch_time_s
+        delay = switch_delay_s(self.cluster, reshard)
         self.timeline.enter(e.id, self.loop.now, e.role, "switching")
         self.loop.at_engine(self.loop.now + delay, partial(self._switch_done, e, reshard))
 

@@ -7,6 +7,7 @@ wall time). Two parts, because they differ by four orders of magnitude:
 tick for the mean control step) and its share of the replan interval (over 1: slower than real time).
 """
 import numpy as np
+import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -21,25 +22,31 @@ OVERRIDES = ["cluster=moe_h200", "policy=prorsa", "workload=mix"]   # the swe an
 
 
 def policy_with_1000_in_flight():
-    cfg = load_config(OVERRIDES)
+    return policy_in_flight(1000, 8)
+
+
+def policy_in_flight(in_flight: int, engines: int):
+    """Prorsa with `in_flight` live trajectories on `engines` engines of moe_h200 (4 GPUs each)."""
+    overrides = [*OVERRIDES, f"cluster.num_engines={engines}"]
+    cfg = load_config(overrides)
     policy = instantiate(cfg.policy)
-    cluster = cluster_of(OVERRIDES)
+    cluster = cluster_of(overrides)
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     roles = policy.initial_roles(cluster, run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
     rng = np.random.default_rng(0)
     now = 100.0
-    for tid in range(1000):
+    for tid in range(in_flight):
         fam = ["swe", "search"][tid % 2]
         policy.observe(E(K.TRAJECTORY_START, 0.0, tid, 0, detail=fam))
         t = 0.0
         for turn in range(int(rng.integers(1, 6))):   # past turns give the online models data
             policy.observe(E(K.TURN_READY, t, tid, turn, tokens=int(rng.integers(100, 3000))))
             policy.observe(E(K.PREFILL_START, t, tid, turn))
-            policy.observe(E(K.PREFILL_END, t + 0.1, tid, turn, engine_id=tid % 8))
-            policy.observe(E(K.DECODE_START, t + 0.1, tid, turn, engine_id=tid % 8))
-            policy.observe(E(K.FIRST_TOKEN, t + 0.2, tid, turn, engine_id=tid % 8))
+            policy.observe(E(K.PREFILL_END, t + 0.1, tid, turn, engine_id=tid % engines))
+            policy.observe(E(K.DECODE_START, t + 0.1, tid, turn, engine_id=tid % engines))
+            policy.observe(E(K.FIRST_TOKEN, t + 0.2, tid, turn, engine_id=tid % engines))
             out = int(rng.integers(50, 800))
-            policy.observe(E(K.DECODE_END, t + 0.2 + out * 0.02, tid, turn, engine_id=tid % 8, tokens=out))
+            policy.observe(E(K.DECODE_END, t + 0.2 + out * 0.02, tid, turn, engine_id=tid % engines, tokens=out))
             t += 0.2 + out * 0.02 + float(rng.exponential(2.0))
             policy.observe(E(K.TOOL_END, t, tid, turn, tokens=int(rng.integers(50, 2000))))
         phase = tid % 3   # a third each: in a tool call, queued, decoding
@@ -47,7 +54,7 @@ def policy_with_1000_in_flight():
             policy.observe(E(K.TURN_READY, now - 1, tid, turn + 1, tokens=500))
         if phase == 2:
             policy.observe(E(K.PREFILL_START, now - 1, tid, turn + 1))
-            policy.observe(E(K.DECODE_START, now - 0.5, tid, turn + 1, engine_id=tid % 8))
+            policy.observe(E(K.DECODE_START, now - 0.5, tid, turn + 1, engine_id=tid % engines))
     engines = [EngineState(engine_id=i, role=r, available=True, gpus=4, waiting_requests=10,
                            waiting_prefill_tokens=20000, running_requests=100, decoding_requests=90,
                            kv_used_tokens=500000, kv_capacity_tokens=2000000) for i, r in enumerate(roles)]
@@ -62,15 +69,26 @@ def test_control_tick_at_1000_trajectories(benchmark):
 
 
 def test_plan_at_1000_trajectories(benchmark):
-    policy, view = policy_with_1000_in_flight()
+    plan_benchmark(benchmark, *policy_with_1000_in_flight())
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("in_flight, engines", [(4000, 32), (16384, 256)])
+def test_plan_at_scale(benchmark, in_flight, engines):
+    """4,000 in flight on 128 GPUs and 16,384 on 1,024 (the per-engine load of the 1,000-in-flight case,
+    then half of it): a plan's cost as the cluster grows."""
+    plan_benchmark(benchmark, *policy_in_flight(in_flight, engines), rounds=1)
+
+
+def plan_benchmark(benchmark, policy, view, rounds: int = 3):
     policy._last_switch = -1e9
 
     def due():
         policy._next_plan = 0.0
         return (view,), {}
     events = policy.planner.whatif.events
-    benchmark.pedantic(policy.plan, setup=due, rounds=3, iterations=1)
-    events = (policy.planner.whatif.events - events) / 3    # one plan's what-if events
+    benchmark.pedantic(policy.plan, setup=due, rounds=rounds, iterations=1)
+    events = (policy.planner.whatif.events - events) / rounds    # one plan's what-if events
     fc = policy.forecaster.history[-1]
     assert fc.decode_seqs[0] > 0 and fc.prefill_tokens.sum() > 0
     if benchmark.stats:

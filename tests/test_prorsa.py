@@ -1353,3 +1353,23 @@ def test_whatif_places_new_turns_as_the_policy_does(monkeypatch):
     assert decode_engine(None) == 1
     assert decode_engine(work) == 2
     assert dict(work.on) == {1: 1_000.0} and work.of == {7: (1, 1_000.0)}
+
+
+def test_a_turn_end_observed_after_the_next_turn_was_routed_keeps_that_route():
+    """On real engines the policy's events wait while a plan runs: turn 0's end may reach `observe` after
+    turn 1 was routed. The route of the turn under way (turn 1) stays; turn 1's own end removes it."""
+    from hydra.utils import instantiate
+
+    from harness.experiment import run_info
+    from harness.rollout import ModeConfig
+    cfg = load_config(["policy=prorsa", "policy.initial=colocated", "cluster.num_engines=2"])
+    policy = instantiate(cfg.policy)
+    policy.initial_roles(cluster_of(["cluster.num_engines=2"]), run_info(ModeConfig("sync", 1),
+                                                                         instantiate(cfg.workload, seed=0)))
+    for e in [E(K.TRAJECTORY_START, 0.0, 7, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 7, 0, tokens=100)]:
+        policy.observe(e)
+    policy.routes[7], policy._routed_turn[7] = Route(1, 1), 1       # turn 1 routed (Prorsa.route sets both)
+    policy.observe(E(K.DECODE_END, 4.0, 7, 0, engine_id=0, tokens=50))    # turn 0's end, held until now
+    assert policy.routes[7] == Route(1, 1)
+    policy.observe(E(K.DECODE_END, 9.0, 7, 1, engine_id=1, tokens=50))
+    assert 7 not in policy.routes

@@ -103,6 +103,9 @@ class Prorsa:
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
         self.routes: dict[int, Route] = {}     # trajectory -> the engines its turn under way was sent to
+        # ... and that turn: on real engines events reach `observe` after a plan returns, so a turn's end
+        # may arrive after the next turn was routed, and must not take that route away
+        self._routed_turn: dict[int, int] = {}
         self.decisions: list[tuple[float, int]] = []
         self.plan_scores: list[tuple[float, dict[int, float]]] = []
         self._last_switch = -np.inf
@@ -152,9 +155,12 @@ class Prorsa:
         self.prefix.observe(event)
         if self.work is not None:
             self.work.observe(event)
-        if event.kind in (EventKind.DECODE_END, EventKind.TRAJECTORY_END):
-            self.routes.pop(event.trajectory_id, None)
-        elif event.kind == EventKind.DECODE_MIGRATED and event.trajectory_id in self.routes:
+        tid = event.trajectory_id
+        under_way = self._routed_turn.get(tid) == event.turn
+        if event.kind == EventKind.TRAJECTORY_END or (event.kind == EventKind.DECODE_END and under_way):
+            self.routes.pop(tid, None)
+            self._routed_turn.pop(tid, None)
+        elif event.kind == EventKind.DECODE_MIGRATED and tid in self.routes and under_way:
             old = self.routes[event.trajectory_id]   # the KV leaves from where it is (the prefill side)
             self.routes[event.trajectory_id] = Route(old.prefill_engine, event.engine_id, old.priority)
         if event.kind == EventKind.TURN_READY:
@@ -306,6 +312,7 @@ class Prorsa:
             self.routes.pop(request.trajectory_id, None)
         else:
             self.routes[request.trajectory_id] = route
+        self._routed_turn[request.trajectory_id] = request.turn
         return route
 
     def forecast_frame(self):

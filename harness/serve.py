@@ -97,4 +97,5 @@ def serve_metrics(df: pd.DataFrame, itl: np.ndarray, duration_s: float, num_gpus
     tpot = ((many["t_decode_end"] - many["t_first_token"]) / (many["output_tokens"] - 1)).to_numpy()
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
         out.update(_stats(name, values))
+    out["itl_count"] = len(itl)   # the gaps behind the ITL figures: every token after a request's first
     return out

@@ -43,6 +43,7 @@ from harness.cluster import ClusterConfig, cluster_from_config, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult
 from harness.routing import Balance, PrefixTracker
+from harness.serve import TokenTimes, check_serve, serve_metrics
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.timeseries import ClusterSampler, ProgressPrinter
 from harness.trajectory import TURN_COLUMNS
@@ -76,8 +77,8 @@ def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
     for step in range(mode.num_steps):
         batch = workload.batch(step)
         shares.append({f: n / len(batch) for f, n in Counter(s.family for s in batch).items()})
-    return RunInfo(mode=mode.name, trajectories_per_step=per_step,
-                   max_in_flight=mode.max_in_flight if mode.name == "async" else per_step,
+    in_flight = {"async": mode.max_in_flight, "serve": mode.max_concurrency or per_step}.get(mode.name, per_step)
+    return RunInfo(mode=mode.name, trajectories_per_step=per_step, max_in_flight=in_flight,
                    num_steps=mode.num_steps, priors=workload.priors(), step_weights=shares,
                    group_size=workload.group_size)
 
@@ -88,6 +89,7 @@ def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))
     workload = instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
+    check_serve(mode.name, workload, str(cfg.backend.name))
     policy = policy or instantiate_checked(cfg.policy, "policy")
     backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
     return RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run(), backend
@@ -155,6 +157,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     logger_cfg = instantiate_checked(cfg.logger, "logger")
     checked(cfg.backend, "backend")
     workload = instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
+    check_serve(mode.name, workload, str(cfg.backend.name))
     policy = instantiate_checked(cfg.policy, "policy")
     interval = getattr(policy, "control_interval_s", None)   # the driver ticks the policy at this interval
     if interval is not None and not (is_number(interval) and interval > 0):
@@ -166,6 +169,10 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     roles = policy.initial_roles(cluster, run_info(mode, workload))
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
+    tokens = None
+    if mode.name == "serve":   # the benchmark's inter-token latencies, from the simulated steps
+        tokens = TokenTimes()
+        backend.set_step_listener(tokens.on_step)
     if oracle:
         policy.attach_driver(driver)
     sampler = ClusterSampler(backend, lambda: (driver.completed, driver.total), float(cfg.sample_interval_s))
@@ -186,6 +193,9 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         lifecycle = lifecycle_frame(result)
         summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
         summary.update(policy.metrics())
+        if tokens is not None:
+            summary.update(serve_metrics(lifecycle, tokens.itl(), result.rollout_time_s,
+                                         cluster.num_engines * cluster.gpus_per_engine))
         forecast = policy.forecast_frame() if hasattr(policy, "forecast_frame") else None
         files = {}
         if forecast is not None:   # Prorsa: its forecasts against what happened
@@ -211,6 +221,8 @@ def mode_from_config(c: dict) -> ModeConfig:
     schema.check(c, schema.ModeSchema, "mode")
     if c["name"] == "async" and "max_in_flight" not in c:
         raise ValueError("mode.max_in_flight=None is invalid; allowed: an integer >= 1 (async runs need it)")
+    if c["name"] == "serve" and c["num_steps"] != 1:
+        raise ValueError(f"mode.num_steps={c['num_steps']} is invalid with mode=serve; allowed: 1 (one benchmark)")
     return ModeConfig(**c)
 
 
@@ -313,7 +325,10 @@ def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
 def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResult, df: pd.DataFrame, backend,
               wall_s: float, policy_name: str, workload_name: str) -> dict:
     done = int(df.groupby("trajectory_id")["t_decode_end"].apply(lambda s: s.notna().all()).sum()) if len(df) else 0
-    lb = lower_bound_s(cluster, result.scripts, mode.name, mode.max_in_flight)   # the cap applies in async only
+    if mode.name == "serve":   # all requests at once, at most max_concurrency in flight (arrivals only add)
+        lb = lower_bound_s(cluster, result.scripts, "async", mode.max_concurrency or 0)
+    else:
+        lb = lower_bound_s(cluster, result.scripts, mode.name, mode.max_in_flight)   # the cap applies in async only
     summary = {
         "policy": policy_name, "workload": workload_name, "mode": mode.name,
         "backend": str(cfg.backend.name), "cluster": cluster.name, "seed": int(cfg.seed),

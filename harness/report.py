@@ -5,6 +5,8 @@ into OUT (default: the first DIR):
 - speedup.csv / speedup.md / speedup.tex: one row per workload x mode x cluster (x any other setting that
   varies inside it), one column per policy: rollout-time speedup over colocate on the same row and seed
   (mean and std over seeds), and efficiency against lower_bound_s;
+- serve.csv (and a table in speedup.md): per serving-benchmark run (mode=serve), request and token
+  throughput and TTFT, TPOT and ITL p50/p90/p99;
 - prorsa.csv (and a table in speedup.md): per Prorsa run and seed, its time against colocation's and the
   best static allocation's of the same seed, which allocation that was, and its role switches;
 - figures/, each as PNG and PDF at a printable width (harness/figure_style.py: one policy order and colour
@@ -42,6 +44,15 @@ SUMMARY_ROWS = [("policy", "{}"), ("workload", "{}"), ("mode", "{}"), ("cluster"
                 ("efficiency_vs_lower_bound", "{:.2f}"), ("throughput_traj_per_s", "{:.3f}"),
                 ("turn_latency_p50_s", "{:.2f}"), ("turn_latency_p99_s", "{:.2f}"), ("num_role_switches", "{}"),
                 ("preemptions", "{}"), ("wall_time_s", "{:.2f}")]
+# A serving benchmark's headline numbers (mode=serve, harness/serve.py), printed after the rows above.
+SERVE_ROWS = [("request_throughput_per_s", "{:.3f}"), ("input_tokens_per_s", "{:.1f}"),
+              ("output_tokens_per_s", "{:.1f}"), ("total_tokens_per_s_per_gpu", "{:.1f}"),
+              ("ttft_p50_s", "{:.4f}"), ("ttft_p99_s", "{:.4f}"), ("tpot_p50_s", "{:.4f}"),
+              ("tpot_p99_s", "{:.4f}"), ("itl_p50_s", "{:.4f}"), ("itl_p99_s", "{:.4f}")]
+# The serving table (serve.csv and speedup.md): per serve run, throughput and latency percentiles in ms.
+SERVE_COLUMNS = [("request_throughput_per_s", "req/s", 1, 3), ("input_tokens_per_s", "in tok/s", 1, 0),
+                 ("output_tokens_per_s", "out tok/s", 1, 0), ("total_tokens_per_s_per_gpu", "tok/s/GPU", 1, 0),
+                 *[(f"{m}_p{p}_s", f"{m.upper()} p{p} ms", 1000, 1) for m in ("ttft", "tpot", "itl") for p in (50, 90, 99)]]
 log = logging.getLogger(__name__)
 
 BASELINE = "colocate"
@@ -52,8 +63,9 @@ IGNORED_KEYS = ("seed", "logger", "progress_interval_s", "sample_interval_s")
 
 def print_summary(summary: dict) -> None:
     """The run's headline numbers, one per line, to the log (the terminal and Hydra's run.log)."""
-    width = max(len(k) for k, _ in SUMMARY_ROWS)
-    lines = [f"{key:<{width}}  {fmt.format(summary[key])}" for key, fmt in SUMMARY_ROWS]
+    rows = SUMMARY_ROWS + (SERVE_ROWS if summary.get("mode") == "serve" else [])
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{key:<{width}}  {fmt.format(summary[key])}" for key, fmt in rows]
     if summary.get("prorsa_decisions"):
         lines.append(f"{'prorsa_decisions':<{width}}  {decisions_text(summary['prorsa_decisions'])}")
     log.info("\n".join(lines))
@@ -365,6 +377,23 @@ def _failed_lines(runs: list[Run]) -> list[str]:
     return [f"{r.path} ({' '.join(r.overrides) or 'no overrides'}): {r.problem}" for r in runs if not r.complete]
 
 
+SERVE_CAPTION = ("Serving benchmark (mode=serve): throughput and latency percentiles, one row per run "
+                 "(TTFT, TPOT and ITL as vllm bench serve defines them; harness/serve.py)")
+
+
+def serve_table(runs: list[Run], df: pd.DataFrame) -> pd.DataFrame:
+    """One row per complete serve run: its row keys, policy, seed and the SERVE_COLUMNS (`df`: runs_frame())."""
+    summaries = {str(r.path): r.summary for r in runs if r.complete}
+    serve = df[df["mode"] == "serve"]
+    rows = []
+    for _, r in serve.sort_values(ROW_KEYS + ["policy", "seed"]).iterrows():
+        s = summaries[r["path"]]
+        rows.append({**{k: r[k] for k in ROW_KEYS + ["policy", "seed"]},
+                     **{label: round(s.get(key, math.nan) * scale, digits) for key, label, scale, digits in SERVE_COLUMNS}})
+    out = pd.DataFrame(rows, columns=ROW_KEYS + ["policy", "seed"] + [c[1] for c in SERVE_COLUMNS])
+    return out if (out["setting"] != "").any() else out.drop(columns="setting")
+
+
 SPEEDUP_CAPTION = "Rollout-time speedup over colocate (same workload, mode, cluster and seed; mean ± std over seeds)"
 EFFICIENCY_CAPTION = "Efficiency: lower_bound_s / rollout_time_s (1.0 is the bound)"
 
@@ -384,6 +413,10 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
         md += ["\n## Prorsa's decisions (the start, then each switch; kP = k prefill engines)\n",
                *[f"- {' '.join(r.overrides) or r.path.name}: {r.summary.get('num_role_switches', 0)} engine role "
                  f"switches; {decisions_text(r.summary['prorsa_decisions'])}" for r in decided]]
+    served = serve_table(runs, df)
+    if not served.empty:
+        served.to_csv(out / "serve.csv", index=False)
+        md += [f"\n## {SERVE_CAPTION}\n", md_table(served)]
     seeds = prorsa_seeds(df)
     seeds.to_csv(out / "prorsa.csv", index=False)
     if not seeds.empty:

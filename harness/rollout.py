@@ -9,11 +9,15 @@ turn runs and, every control interval, which role each engine should have; the b
 - async: up to `max_in_flight` trajectories run at once; a new one starts when another ends, as long
   as its batch is at most `staleness` steps ahead of the batches already completed (a trainer that
   consumes each completed batch at once); the run ends when num_steps batches have completed.
+- serve (the serving benchmark, harness/serve.py): the workload's single-turn requests are sent at the
+  arrival times it draws for `request_rate`, at most `max_concurrency` in flight (later ones wait for a
+  slot, first come first served, as `vllm bench serve`'s semaphore); no RL step, no weight update.
 """
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,10 +31,12 @@ from workloads.base import Workload
 @dataclass(frozen=True)
 class ModeConfig:
     """The `mode` group (its keys checked by harness/schema.py ModeSchema)."""
-    name: str                       # sync | async
+    name: str                       # sync | async | serve
     num_steps: int
     max_in_flight: int = 0          # async only
     staleness: int = 1              # async only
+    request_rate: float = math.inf  # serve only: requests per second (inf: all at once)
+    max_concurrency: int | None = None   # serve only: requests in flight at most (None: no cap)
 
 
 # A decision is dropped as stale when, between its plan and its application, more than this share of the
@@ -111,6 +117,7 @@ class RolloutDriver:
         self.step_done: dict[int, int] = {}
         self.step_windows: list[tuple[float, float]] = []
         self.parked: list[TurnRequest] = []
+        self._arrived: deque[TrajectoryScript] = deque()   # serve: requests arrived, waiting for a slot
         self.role_switches = 0
         self.finished_at = math.nan
         self._pending_batches: dict[int, list[TrajectoryScript]] = {}
@@ -125,6 +132,8 @@ class RolloutDriver:
     def run(self) -> RolloutResult:
         if self.mode.name == "sync":
             self._start_sync_step(0)
+        elif self.mode.name == "serve":
+            self._schedule_arrivals()
         else:
             self._fill_async()
         if self.policy.control_interval_s:
@@ -137,7 +146,7 @@ class RolloutDriver:
         if self.completed != self.total:
             raise RuntimeError(f"rollout stalled: {self.completed} of {self.total} trajectories completed "
                                f"(parked requests: {len(self.parked)})")
-        if self.mode.name == "async":
+        if self.mode.name != "sync":
             self.step_windows = [(0.0, self.finished_at)]
         rollout = sum(b - a for a, b in self.step_windows)
         records = [r for tid in sorted(self.records) for r in self.records[tid]]
@@ -207,6 +216,8 @@ class RolloutDriver:
                 self.step_windows[-1] = (start, self.backend.now())
                 if script.step + 1 < self.mode.num_steps:
                     self._start_sync_step(script.step + 1)
+        elif self.mode.name == "serve":
+            self._send_arrived()
         else:
             if self.completed % self.batch_traj == 0 and self.completed < self.total:
                 self.backend.update_weights()   # the trainer consumed a batch and updated the weights
@@ -248,6 +259,24 @@ class RolloutDriver:
         while (self.started < self.total and self.started - self.completed < self.mode.max_in_flight
                and self.started // self.batch_traj <= self.completed // self.batch_traj + self.mode.staleness):
             self._start_trajectory(self._batch(self.started // self.batch_traj).pop())
+
+    # --- serve mode ----------------------------------------------------------------------------
+    def _schedule_arrivals(self) -> None:
+        """Each request of the workload's one batch arrives at its time (workload.arrivals)."""
+        batch = self._batch(0)
+        times = self.workload.arrivals(self.mode.request_rate)
+        for t in times:
+            self.backend.call_later(t, partial(self._arrive, batch.pop()))
+
+    def _arrive(self, script: TrajectoryScript) -> None:
+        self._arrived.append(script)
+        self._send_arrived()
+
+    def _send_arrived(self) -> None:
+        """Send the arrived requests in arrival order while the concurrency cap allows."""
+        cap = self.mode.max_concurrency
+        while self._arrived and (cap is None or self.started - self.completed < cap):
+            self._start_trajectory(self._arrived.popleft())
 
     # --- events ---------------------------------------------------------------------------------
     def _emit(self, e: LifecycleEvent) -> None:

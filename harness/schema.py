@@ -29,12 +29,12 @@ from hydra.core.config_store import ConfigStore
 
 def key(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
         choices: tuple[str, ...] | None = None, nonempty: bool = False, omittable: bool = False,
-        allowed: str | None = None):
+        allowed: str | None = None, infinite: bool = False):
     """A schema field: bounds (ge, gt, le) for numbers, `choices` or `nonempty` for strings; `omittable`
     when a preset may leave the key out (the component's default then applies); `allowed` replaces
-    the generated description of what is allowed."""
+    the generated description of what is allowed; `infinite` lets a float be +inf (a request rate)."""
     meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, choices=choices, nonempty=nonempty, omittable=omittable,
-                                  allowed=allowed).items() if v is not None and v is not False}
+                                  allowed=allowed, infinite=infinite).items() if v is not None and v is not False}
     return field(metadata=meta)
 
 
@@ -138,10 +138,13 @@ class ClusterSchema:
 @dataclass(kw_only=True)
 class ModeSchema:
     """configs/mode/*.yaml (harness/rollout.py ModeConfig)."""
-    name: str = key(choices=("sync", "async"))
+    name: str = key(choices=("sync", "async", "serve"))
     num_steps: int = key(ge=1)
     max_in_flight: int = key(ge=1, omittable=True)   # async only
     staleness: int = key(ge=0, omittable=True)       # async only
+    request_rate: float = key(gt=0, infinite=True, omittable=True,
+                              allowed="a number > 0 or inf (requests/s; inf: all at once)")   # serve only
+    max_concurrency: Optional[int] = key(ge=1, omittable=True, allowed="an integer >= 1 or null (no cap)")   # serve only
 
 
 # --- backends --------------------------------------------------------------------------------------
@@ -376,6 +379,19 @@ class AgentSchema:
 
 
 @dataclass(kw_only=True)
+class RequestsSchema:
+    """configs/workload/requests.yaml (workloads/requests.py): the serving benchmark's requests."""
+    name: str = key(nonempty=True)
+    num_requests: int = key(ge=1, le=1 << 24, allowed=f"an integer >= 1 and <= {1 << 24}")
+    prompt_tokens: int = key(ge=1)
+    output_tokens: int = key(ge=1)
+    prompt_sigma: float = key(ge=0, omittable=True)
+    output_sigma: float = key(ge=0, omittable=True)
+    family: str = key(nonempty=True, omittable=True)
+    _target_: str = target("workloads.requests.RequestsWorkload")
+
+
+@dataclass(kw_only=True)
 class MixSchema:
     """configs/workload/mix*.yaml (workloads/mix.py): each component is checked by its own schema."""
     name: str = key(nonempty=True)
@@ -405,7 +421,7 @@ STORE: dict[str, dict[str, type]] = {
     "policy": {"colocate": ColocateSchema, "fixed_pd": FixedPDSchema, "ppd": PPDSchema,
                "reactive_pd": ReactivePDSchema, "pearl": PearlSchema, "oracle_pd": OraclePDSchema,
                "prorsa": ProrsaSchema},
-    "workload": {"agent": AgentSchema, "mix": MixSchema, "trace": TraceSchema},
+    "workload": {"agent": AgentSchema, "mix": MixSchema, "trace": TraceSchema, "requests": RequestsSchema},
 }
 # Which schema checks a group's node: by its `_target_` (policies, workloads, backends, loggers) or, for
 # the groups with one shape and no `_target_` (cluster, mode), the group's schema. A `_target_` with no
@@ -535,7 +551,8 @@ def _fits(value: Any, tp: type, meta: Mapping) -> bool:
     if tp is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and (math.isfinite(value) or (meta.get("infinite") and value == math.inf)))
     else:
         raise TypeError(f"schema type {tp!r} is not supported")
     return ok and (("ge" not in meta or value >= meta["ge"]) and ("gt" not in meta or value > meta["gt"])

@@ -71,7 +71,7 @@ CONFIG_CASES = [
     ("max_in_flight_zero", ["mode=async", "mode.max_in_flight=0"], "mode.max_in_flight=0 is invalid; allowed: an integer >= 1"),
     ("max_in_flight_text", ["mode=async", "mode.max_in_flight=abc"], "mode.max_in_flight='abc' is invalid"),
     ("staleness", ["mode=async", "mode.staleness=-1"], "mode.staleness=-1 is invalid; allowed: an integer >= 0"),
-    ("mode_unknown_key", ["+mode.foo=1"], "mode.foo=1 is invalid; allowed: one of max_in_flight, name, num_steps, staleness"),
+    ("mode_unknown_key", ["+mode.foo=1"], "mode.foo=1 is invalid; allowed: one of max_concurrency, max_in_flight, name, num_steps, request_rate, staleness"),
     ("batch_size_float", ["workload.batch_size=1.5"], "workload.batch_size=1.5 is invalid; allowed: an integer >= 1"),
     ("group_size_zero", ["workload.group_size=0"], "workload.group_size=0 is invalid; allowed: an integer >= 1"),
     ("turns_median_text", ["workload.turns.0.median=abc"], "workload.turns[0].median='abc' is invalid; allowed: a number > 0"),

@@ -35,6 +35,8 @@ def small(workload: str, trace: Path | None = None) -> list[str]:
     """Overrides that shrink `workload` to 2 prompts x 2 samples of at most 3 turns (a mix: per component)."""
     if workload == "trace":
         return ["workload=trace", f"workload.path={trace}"]
+    if workload == "requests":   # the serving benchmark's requests, here as a batch of one-turn trajectories
+        return ["workload=requests", "workload.num_requests=4", "workload.prompt_tokens=500", "workload.output_tokens=40"]
     cfg = load_config([f"workload={workload}"]).workload
     turns = [f"workload.components.{c}.max_turns=3" for c in cfg.components] if "components" in cfg \
         else ["workload.max_turns=3"]

@@ -390,3 +390,26 @@ def test_claims_script_computes_coexistence_and_fixed_splits_per_seed(tmp_path):
                              text=True, cwd=Path(__file__).resolve().parents[1])
     assert missing.returncode != 0 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
 
+
+
+def test_serve_runs_get_their_own_table_in_ms(tmp_path):
+    root = tmp_path / "serve"
+    for policy, ttft in (("colocate", 0.25), ("fixed_pd", 0.5)):
+        d = make_run(root, policy, policy, 10.0, mode="serve", timeseries=False)
+        summary = json.loads((d / "summary.json").read_text())
+        summary |= {"request_throughput_per_s": 4.0, "input_tokens_per_s": 4000.0, "output_tokens_per_s": 400.0,
+                    "total_tokens_per_s_per_gpu": 137.5, "ttft_p50_s": ttft, "ttft_p90_s": ttft, "ttft_p99_s": 1.0,
+                    **{f"{m}_p{p}_s": 0.02 for m in ("tpot", "itl") for p in (50, 90, 99)}}
+        (d / "summary.json").write_text(json.dumps(summary))
+    main([str(root)])
+    table = pd.read_csv(root / "serve.csv")
+    assert list(table["policy"]) == ["colocate", "fixed_pd"]
+    assert list(table["TTFT p50 ms"]) == [250.0, 500.0] and (table["ITL p99 ms"] == 20.0).all()
+    assert (table["req/s"] == 4.0).all() and (table["tok/s/GPU"] == 138.0).all()
+    assert "## Serving benchmark" in (root / "speedup.md").read_text()
+
+
+def test_sync_runs_write_no_serve_table(sweep):
+    main([str(sweep)])
+    assert not (sweep / "serve.csv").exists()
+    assert "Serving benchmark" not in (sweep / "speedup.md").read_text()

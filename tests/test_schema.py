@@ -67,7 +67,7 @@ def test_registered_in_the_config_store():
 
 def test_group_schemas_are_the_ones_without_a_target():
     assert schema.GROUP_SCHEMAS == {"cluster": schema.ClusterSchema, "mode": schema.ModeSchema}
-    assert len(schema.TARGET_SCHEMAS) == 15
+    assert len(schema.TARGET_SCHEMAS) == 16   # with workloads.requests (the serving benchmark)
 
 
 @pytest.mark.parametrize("value,where,message", [

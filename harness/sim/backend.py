@@ -139,6 +139,7 @@ class SimBackend:
         self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency
         self._on_event: Callable[[LifecycleEvent], None] = _ignore
         self._on_returned: Callable[[TurnRequest], None] = _ignore
+        self._on_step: Callable[[SimEngine, float], None] | None = None   # set_step_listener
         self.timeline = RoleTimeline(roles, self._busy)
         self.finished = False
 
@@ -168,6 +169,11 @@ class SimBackend:
 
     def set_listener(self, on_event, on_returned) -> None:
         self._on_event, self._on_returned = on_event, on_returned
+
+    def set_step_listener(self, on_step: Callable[[SimEngine, float], None] | None) -> None:
+        """`on_step(engine, now)` at the end of each step (or decode span), before it is applied: what the
+        serving benchmark reads its token times from (SimEngine.token_steps). None: no call."""
+        self._on_step = on_step
 
     def submit(self, request: TurnRequest, route: Route) -> None:
         if route.disaggregated:
@@ -346,6 +352,8 @@ class SimBackend:
         if version != e.version:
             return   # a span cut short: it ends at its new end
         self.mark_stale(e)
+        if self._on_step is not None:
+            self._on_step(e, self.loop.now)
         self._act(e, e.end_step())
         e.busy = False
         self._step(e)

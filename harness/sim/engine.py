@@ -18,7 +18,8 @@ from mypy_extensions import mypyc_attr
 from harness.api import Role
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
-from harness.sim.scheduler import HandOff, Report, Scheduler, SchedulerConfig, SimRequest, StepPlan
+from harness.sim.scheduler import (HandOff, Leg, Report, RequestStatus, Scheduler, SchedulerConfig, SimRequest,
+                                   StepPlan)
 
 
 @mypyc_attr(native_class=False)
@@ -141,6 +142,26 @@ class SimEngine:
         done = bisect_right(self._span, now, 0, self._span_steps) if self._span is not None else 0
         for tid, n in self.scheduler.decoding():
             yield tid, n + done
+
+    def token_steps(self, now: float) -> tuple[list[float], list[SimRequest]]:
+        """The step (or the decode span's steps) ending at `now`, before it is applied: the end time of
+        each step, and the requests that sample a token at each of them (the decoding ones, and those
+        whose prefill ends in a single step, a prefill leg's excepted). Read by the serving benchmark for
+        inter-token latencies (harness/serve.py); it changes nothing."""
+        plan = self._plan
+        assert plan is not None   # a step was started
+        ends = self._span[:self._span_steps] if self._span is not None else [now]
+        out = []
+        for r, decoded in zip(self.scheduler.ranks, plan.decoding):
+            if decoded and r.decode_n:
+                out.extend(s for s in r.running.values() if s.status is RequestStatus.DECODING)
+        if not plan.span_steps:
+            for chunks in plan.chunks:
+                for s, c in chunks:
+                    if (s.status is RequestStatus.PREFILLING and s.computed + c == s.target
+                            and s.leg is not Leg.PREFILL):
+                        out.append(s)
+        return ends, out
 
     def end_step(self) -> Iterator[Report | HandOff]:
         """Apply the step (or the steps of the span) that just ended; what it produces, in order, as it

@@ -151,7 +151,7 @@ class SimEngine:
         plan = self._plan
         assert plan is not None   # a step was started
         ends = self._span[:self._span_steps] if self._span is not None else [now]
-        out = []
+        out: list[SimRequest] = []
         for r, decoded in zip(self.scheduler.ranks, plan.decoding):
             if decoded and r.decode_n:
                 out.extend(s for s in r.running.values() if s.status is RequestStatus.DECODING)

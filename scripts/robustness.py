@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # docs/calibration.md, "roofline / measured": prefill of 1k/4k/16k tokens 0.606/0.537/0.779, decode
 # 0.650/0.931/0.877), i.e. prefill 1.6x and decode 1.25x the roofline's time (the means of measured over
 # roofline), while Prorsa plans on the roofline (policy.model scales 1).
-WORLD_H200 = ["cluster.prefill_time_scale=1.6", "cluster.decode_time_scale=1.25"]
+WORLD_H200 = ["++cluster.prefill_time_scale=1.6", "++cluster.decode_time_scale=1.25"]   # ++: presets leave them at 1
 CONDITIONS = {
     "exact": ([], []),
     "prefill x0.8": ([], ["policy.model.prefill_scale=0.8"]),

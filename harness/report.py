@@ -278,8 +278,8 @@ PRORSA_CAPTION = ("Prorsa against colocation and the best static allocation of t
                   "over seeds; per seed in prorsa.csv)")
 
 
-def prorsa_display(seeds: pd.DataFrame) -> pd.DataFrame:
-    """One line per row and Prorsa setting (`seeds`: prorsa_seeds())."""
+def prorsa_display(seeds: pd.DataFrame, names: dict[tuple, str] | None = None) -> pd.DataFrame:
+    """One line per row and Prorsa setting (`seeds`: prorsa_seeds(); `names`: row_names())."""
     rows = []
     for key, grp in seeds.groupby(ROW_KEYS + ["policy"], sort=True):
         rows.append({**dict(zip(ROW_KEYS + ["policy"], key)), "seeds": len(grp),
@@ -289,6 +289,7 @@ def prorsa_display(seeds: pd.DataFrame) -> pd.DataFrame:
                      "role switches per seed": ", ".join(str(n) for n in grp["num_role_switches"])})
     out = pd.DataFrame(rows, columns=ROW_KEYS + ["policy", "seeds", "prorsa / colocate", "prorsa / best static",
                                                  "best static per seed", "role switches per seed"])
+    out = _named(out, names)
     return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
 
@@ -330,7 +331,21 @@ def _cell(mean: float, std: float, n: int) -> str:
     return f"{mean:.2f}{spread} (n={n})" if n > 1 else f"{mean:.2f}"
 
 
-def _display(table: pd.DataFrame, value: str) -> pd.DataFrame:
+def row_names(df: pd.DataFrame) -> dict[tuple, str]:
+    """Each row's name in every table and figure: the experiment its runs name (`+experiment=NAME`), else
+    its workload (`df`: runs_frame())."""
+    return {key: ", ".join(sorted(set(grp["experiment"]))) for key, grp in df.groupby(ROW_KEYS, sort=True)}
+
+
+def _named(out: pd.DataFrame, names: dict[tuple, str] | None) -> pd.DataFrame:
+    """The workload column of a table by ROW_KEYS, in the rows' names (row_names)."""
+    if names:
+        out["workload"] = [names.get(tuple(r), w) for r, w in zip(out[ROW_KEYS].itertuples(index=False),
+                                                                   out["workload"])]
+    return out
+
+
+def _display(table: pd.DataFrame, value: str, names: dict[tuple, str] | None = None) -> pd.DataFrame:
     rows = []
     for key, grp in table.groupby(ROW_KEYS, sort=True):
         row = dict(zip(ROW_KEYS, key))
@@ -339,7 +354,7 @@ def _display(table: pd.DataFrame, value: str) -> pd.DataFrame:
         rows.append(row)
     out = pd.DataFrame(rows)
     policies = policy_order(table["policy"])
-    out = out.reindex(columns=ROW_KEYS + policies).fillna("-")
+    out = _named(out.reindex(columns=ROW_KEYS + policies).fillna("-"), names)
     return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
 
@@ -369,13 +384,21 @@ SPEEDUP_CAPTION = "Rollout-time speedup over colocate (same workload, mode, clus
 EFFICIENCY_CAPTION = "Efficiency: lower_bound_s / rollout_time_s (1.0 is the bound)"
 
 
-def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
+@dataclass
+class Tables:
+    runs: pd.DataFrame          # runs_frame()
+    speedup: pd.DataFrame       # as speedup.md shows them
+    efficiency: pd.DataFrame
+
+
+def write_tables(runs: list[Run], out: Path) -> Tables:
     df = runs_frame(runs)
     per_seed = speedups(df)
     table = speedup_table(per_seed)
     _wide(table).to_csv(out / "speedup.csv", index=False)
     failed = _failed_lines(runs)
-    speed, eff = _display(table, "speedup"), _display(table, "efficiency")
+    names = row_names(df)
+    speed, eff = _display(table, "speedup", names), _display(table, "efficiency", names)
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed or partial.\n",
           f"## {SPEEDUP_CAPTION}\n", md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", md_table(eff),
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
@@ -387,7 +410,7 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     seeds = prorsa_seeds(df)
     seeds.to_csv(out / "prorsa.csv", index=False)
     if not seeds.empty:
-        md += [f"\n## {PRORSA_CAPTION}\n", md_table(prorsa_display(seeds))]
+        md += [f"\n## {PRORSA_CAPTION}\n", md_table(prorsa_display(seeds, names))]
     below = oracle_below_hindsight(per_seed)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]
@@ -397,7 +420,15 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     tex += [r"\begin{itemize}", *[rf"\item \texttt{{{_tex_escape(line)}}}" for line in failed], r"\end{itemize}"] \
         if failed else ["None."]
     (out / "speedup.tex").write_text("\n".join(tex) + "\n")
-    return df
+    return Tables(df, speed, eff)
+
+
+def console_text(tables: Tables) -> str:
+    """The speedup and efficiency tables as the terminal shows them (speedup.md has them too)."""
+    if tables.speedup.empty:
+        return "no complete runs: no speedup table"
+    return "\n\n".join(f"{caption}\n{table.to_string(index=False)}" for caption, table in
+                       [(SPEEDUP_CAPTION, tables.speedup), (EFFICIENCY_CAPTION, tables.efficiency)])
 
 
 # --- figures ---------------------------------------------------------------------------------------
@@ -673,11 +704,11 @@ def log_to_wandb(out: Path, figures: list[Path], project: str) -> bool:
         return False
 
 
-def report(runs: list[Run], out: Path) -> list[Path]:
-    """The tables and figures of `runs` in `out`; the figure files written."""
+def report(runs: list[Run], out: Path) -> tuple[Tables, list[Path]]:
+    """The tables and figures of `runs` in `out`: the tables, and the figure files written."""
     out.mkdir(parents=True, exist_ok=True)
-    df = write_tables(runs, out)
-    return Figures(df, out / "figures").all()
+    tables = write_tables(runs, out)
+    return tables, Figures(tables.runs, out / "figures").all()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -694,8 +725,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = find_runs(args.dirs)
     if not runs:
         parser.error(f"no runs (summary.json, error.json or .hydra) under {', '.join(map(str, args.dirs))}")
-    figures = report(runs, out)
+    tables, figures = report(runs, out)
     failed = [r for r in runs if not r.complete]
+    print(console_text(tables) + "\n")
     print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed or partial; wrote {out}/speedup.csv, "
           f".md, .tex and {len(figures)} figure files in {out}/figures")
     for line in _failed_lines(runs):

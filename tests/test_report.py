@@ -390,3 +390,27 @@ def test_claims_script_computes_coexistence_and_fixed_splits_per_seed(tmp_path):
                              text=True, cwd=Path(__file__).resolve().parents[1])
     assert missing.returncode != 0 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
 
+
+
+def test_report_prints_its_speedup_table(sweep, capsys):
+    main([str(sweep)])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Rollout-time speedup over colocate"))
+    columns = lines[head + 1].split()
+    assert columns[:3] == ["workload", "mode", "cluster"] and "best_fixed" in columns and "hindsight_best" in columns
+    sync = next(line for line in lines[head + 2:] if " sync " in line)
+    assert sync.split()[:3] == ["search", "sync", "dense_h100"] and "4.00 ± 0.00 (n=2)" in sync
+    assert any(line.startswith("Efficiency: lower_bound_s / rollout_time_s") for line in lines)
+
+
+def test_a_row_has_one_name_in_the_table_and_the_figures(tmp_path, monkeypatch):
+    """A row whose runs name an experiment is called by it in speedup.md as in the figures' titles."""
+    make_run(tmp_path, "colocate", "colocate", 100.0, workload="synthetic", experiment="heavy_prefill")
+    make_run(tmp_path, "prorsa", "prorsa", 60.0, workload="synthetic", experiment="heavy_prefill")
+    drawn = record_figures(monkeypatch)
+    main([str(tmp_path)])
+    md = (tmp_path / "speedup.md").read_text()
+    assert "| heavy_prefill | sync |" in md and "| synthetic |" not in md
+    for name, fig in drawn.items():
+        assert "heavy_prefill" in fig["text"] and "synthetic" not in fig["text"], name

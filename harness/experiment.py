@@ -263,8 +263,8 @@ def checked(node: DictConfig, group: str) -> None:
         allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key, value in keys.items():
             if not key.startswith("_") and key not in allowed:
-                raise ValueError(f"{group}.{key}={value!r} is invalid; allowed: one of {', '.join(allowed)}"
-                                 if allowed else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
+                raise ValueError(schema.unknown_key(f"{group}.{key}", value, allowed) if allowed
+                                 else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
 
 
 def instantiate_checked(node: DictConfig, group: str, **kwargs):

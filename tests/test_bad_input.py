@@ -117,7 +117,8 @@ CONFIG_CASES = [
     ("pearl_fit_points", ["policy=pearl", "policy.min_fit_points=0"], "policy.min_fit_points=0 is invalid"),
     ("oracle_interval", ["policy=oracle_pd", "policy.decision_interval_s=0"], "policy.decision_interval_s=0 is invalid"),
     ("policy_unknown_key", ["+policy.foo=1"], "policy.foo=1 is invalid; baselines.colocate.Colocate takes no keys"),
-    ("prorsa_unknown_key", ["policy=prorsa", "+policy.horizon=5"], "policy.horizon=5 is invalid; allowed: one of"),
+    ("prorsa_unknown_key", ["policy=prorsa", "+policy.horizon=5"],
+     "policy.horizon=5 is invalid; did you mean policy.horizon_s? allowed: one of"),
     ("seed_negative", ["seed=-1"], "seed=-1 is invalid; allowed: an integer >= 0"),
     ("seed_text", ["seed=abc"], "seed='abc' is invalid; allowed: an integer >= 0"),
     ("seed_float", ["seed=1.5"], "seed=1.5 is invalid; allowed: an integer >= 0"),
@@ -412,7 +413,8 @@ USER_BASELINE_CASES = [
     ({"enabled": "maybe"}, "policy.enabled='maybe' is invalid; allowed: true, false"),
     ({"label": 5}, "policy.label=5 is invalid; allowed: a string"),
     ({"engines": [1, "x"]}, "policy.engines[1]='x' is invalid; allowed: an integer"),
-    ({"thresold": 4}, "policy.thresold=4 is invalid; allowed: one of threshold, ratio, enabled, label, engines"),
+    ({"thresold": 4}, "policy.thresold=4 is invalid; did you mean policy.threshold? allowed: one of threshold, ratio, "
+                      "enabled, label, engines"),
 ]
 
 

@@ -1,6 +1,6 @@
 """Bad input through the command line: every config group and trace files. Each case stops the run before
 anything is simulated, with a message naming the key (`key=value is invalid; allowed: ...`, or
-`file:line: field '...'` for a trace line), no traceback, and no result written (no summary.json, no parquet).
+`file:line: field '...'` for a trace line), no traceback, and nothing written: not even the run directory.
 
 The cases run run.py as `__main__` with their arguments (the code path of `python run.py ...`), all in one
 child Python process so the interpreter starts once; a few also run as a process of their own.
@@ -342,8 +342,7 @@ def test_rejected_with_the_key_named_no_traceback_nothing_written(cli, cid):
     assert r["code"] == 1, shown[-3000:]
     assert r["expected"] in r["stderr"], r["stderr"][-3000:]
     assert "Traceback" not in shown, shown[-3000:]
-    written = [f for f in r["files"] if f.endswith((".parquet", "summary.json")) or f.startswith("wandb")]
-    assert not written, written
+    assert not r["files"], r["files"]      # no run directory: not even .hydra/, run.log or error.json
 
 
 @pytest.mark.parametrize("cid", ["memory_fraction_text", "seed_text", "latency_nan", "unknown_key"])
@@ -362,6 +361,20 @@ def test_same_as_a_process_of_its_own(tmp_path, cid):
     assert res.returncode == 1 and expected in res.stderr, res.stderr[-3000:]
     assert "Traceback" not in res.stdout + res.stderr
     assert not list((tmp_path / "run").glob("*.parquet")) and not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_bad_config_leaves_nothing_in_results(tmp_path):
+    """`python run.py` with its default run directory (results/runs/<time>/ under the current directory):
+    a bad value, and a misspelt key with the key it likely meant."""
+    for args, expected in [(["cluster.num_engines=0"], "cluster.num_engines=0 is invalid; allowed: an integer >= 1"),
+                           (["+cluster.num_engine=4"], "cluster.num_engine=4 is invalid; did you mean "
+                                                        "cluster.num_engines? allowed: one of")]:
+        res = subprocess.run([sys.executable, str(ROOT / "run.py"), *SMALL, *args], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 1, res.stderr[-3000:]
+        assert expected in res.stderr and "Nothing was run or written" in res.stderr, res.stderr[-3000:]
+        assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+        assert not list(tmp_path.iterdir()), list(tmp_path.rglob("*"))
 
 
 # The key=value tools (harness/cli.py): (module, arguments, what stderr must hold). Each stops before

@@ -1,4 +1,5 @@
-"""Entry point: `python run.py` runs the default experiment; `python run.py -m policy=a,b` sweeps.
+"""Entry point: `python run.py` (or `prorsa-run`) runs the default experiment; `python run.py -m policy=a,b`
+sweeps; `--help` lists the groups and their options.
 
 In a sweep, a job whose directory holds a complete result for the same config is skipped, and a job
 that fails leaves error.json and lets the others run (harness/sweep.py reports it at the end).
@@ -17,9 +18,9 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from harness import rundir, schema
+from harness import cli, rundir, schema
 from harness.experiment import (ERROR, EXIT_LOGGER_FAILED, WriteFailed, error_message, is_complete,
                                 is_config_error, job_lock, record_failure, run_experiment)
 from harness.report import print_summary
@@ -27,9 +28,13 @@ from harness.sweep import JobFailure
 
 log = logging.getLogger("run")
 schema.register()   # the groups' schemas in Hydra's ConfigStore (schema/<group>/<name>); checked per job
+# `--help` (configs/hydra/help/harness.yaml): the groups a user picks, the picked option of each marked.
+OmegaConf.register_new_resolver("run_groups", lambda *, _root_: cli.run_help(_root_.hydra.runtime.choices),
+                                replace=True)
+CONFIGS = str(Path(__file__).resolve().parent / "configs")   # absolute: the same from prorsa-run
 
 
-@hydra.main(config_path="configs", config_name="config", version_base=None)
+@hydra.main(config_path=CONFIGS, config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)

@@ -18,7 +18,6 @@ says otherwise, under OUT/wandb): speedup.csv as a W&B table and every PNG figur
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -27,12 +26,14 @@ import re
 import textwrap
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from harness import cli
 from harness.figure_style import (COLORS, COLUMN_IN, PAGE_IN, RC, ROLE_COLORS, policy_color, policy_label,
                                   policy_order)
 from harness.wandb_logger import PROJECT
@@ -712,12 +713,16 @@ def report(runs: list[Run], out: Path) -> tuple[Tables, list[Path]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
-    parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories")
+    parser = cli.parser("harness.report", "The speedup tables (printed, and written as speedup.csv, .md and .tex) "
+                        "and the figures of every run under the DIRs, from their result files alone.", overrides=False)
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="sweep or run directories")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the first DIR)")
     parser.add_argument("--wandb", nargs="?", const=PROJECT, default=None, metavar="PROJECT",
                         help=f"also log the table and figures as a W&B run (project default {PROJECT})")
-    args = parser.parse_args(argv)
+    cli.run_tool(parser, partial(_main, parser), argv, catch=())   # a file it cannot read: its traceback names it
+
+
+def _main(parser, args) -> None:
     missing = [d for d in args.dirs if not d.is_dir()]
     if missing:
         parser.error(f"not a directory: {', '.join(map(str, missing))}")

@@ -1,7 +1,7 @@
 """A workload's card: its generated statistics beside the published ones, and a figure.
 
-    python -m workloads.card workload=swe [hydra overrides] [--samples N] [--out DIR]
-                             [--export FILE --steps S]
+    python -m workloads.card workload=swe [KEY=VALUE ...] [--samples N] [--out DIR]
+                             [--export FILE --steps S]     (or prorsa-card)
 
 Draws RL steps until at least N trajectories (default 4000), prints one row per published figure
 in the YAML's `targets` (generated, published, tolerance, ok; tolerances in workloads/stats.py) and
@@ -10,14 +10,12 @@ results/cards). `--export FILE` also writes the first S steps (default 1) as a J
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from harness.cli import BAD_INPUT, tool_error
+from harness import cli
 from harness.trajectory import TrajectoryScript
 from workloads.stats import METRICS, compare, metric_values, statistic
 from workloads.trace import export_trace
@@ -85,20 +83,20 @@ def figure(labelled: list[tuple[TrajectoryScript, str]], title: str, path: Path)
     plt.close(fig)
 
 
-def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=4000)
-    p.add_argument("--out", default="results/cards")
-    p.add_argument("--export", default=None, help="also write the first --steps steps as a JSONL trace")
-    p.add_argument("--steps", type=int, default=1)
+def main(argv: list[str] | None = None) -> None:
+    p = cli.parser("workloads.card", __doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=4000, help="trajectories drawn at least (default: %(default)s)")
+    p.add_argument("--out", default="results/cards", metavar="DIR", help="default: %(default)s")
+    p.add_argument("--export", default=None, metavar="FILE", help="also write the first --steps steps as a JSONL trace")
+    p.add_argument("--steps", type=int, default=1, help="default: %(default)s")
     p.add_argument("--no-figure", action="store_true")
-    args, overrides = p.parse_known_args(argv)
+    cli.run_tool(p, _main, argv)
+
+
+def _main(args) -> None:
     if args.samples < 1 or args.steps < 1:
-        p.error(f"--samples={args.samples} --steps={args.steps} is invalid; allowed: integers >= 1")
-    try:
-        workload = build(overrides)
-    except BAD_INPUT as exc:
-        p.error(tool_error(exc))
+        raise ValueError(f"--samples={args.samples} --steps={args.steps} is invalid; allowed: integers >= 1")
+    workload = build(args.overrides)
     labelled = draw(workload, args.samples)
     text = f"# Workload card: {workload.name}\n\n" + tables(labelled, getattr(workload, "targets", {}))
     print(text)
@@ -114,4 +112,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

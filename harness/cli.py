@@ -53,7 +53,8 @@ def run_tool(p: argparse.ArgumentParser, main: Callable[[argparse.Namespace], No
              catch: tuple[type[BaseException], ...] = BAD_INPUT) -> None:
     """Parses `argv` (options and overrides in any order) and runs `main(args)`; bad input (`catch`)
     becomes argparse's error: usage, one line, exit status 2."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")   # libraries' chatter (fontTools) left out
+    logging.getLogger("harness").setLevel(logging.INFO)
     args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     options = {a.dest: a.option_strings[-1] for a in p._actions if a.option_strings}
     for override in getattr(args, "overrides", []):

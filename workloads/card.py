@@ -60,27 +60,43 @@ def tables(labelled: list[tuple[TrajectoryScript, str]], targets: dict) -> str:
     return "\n".join(lines)
 
 
-def figure(labelled: list[tuple[TrajectoryScript, str]], title: str, path: Path) -> None:
-    """Histograms (log x) of every metric; matplotlib is imported here so the harness does not need it."""
+# Each metric's axes: the unit of one value (x, log scale) and what is counted (y).
+AXES = {"turns": ("turns per trajectory", "trajectories"),
+        "prompt_tokens": ("tokens (first prompt)", "trajectories"),
+        "output_tokens": ("tokens per turn", "turns"),
+        "tool_output_tokens": ("tokens per turn", "turns"),
+        "tool_latency_s": ("seconds per call", "tool calls"),
+        "generated_tokens": ("tokens per trajectory", "trajectories"),
+        "total_tokens": ("tokens per trajectory", "trajectories")}
+
+
+def figure(labelled: list[tuple[TrajectoryScript, str]], name: str, path: Path) -> None:
+    """Histograms (log x) of every metric, in the report's style (harness/figure_style.py); matplotlib is
+    imported here so that drawing trajectories does not need it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
+    from harness.figure_style import PAGE_IN, rc
     scripts = [s for s, _ in labelled]
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
-    for ax, metric in zip(axes.flat, METRICS):
-        values = metric_values(scripts, metric)
-        values = values[values > 0]
-        if len(values):
-            bins = np.geomspace(values.min(), values.max() * 1.001, 40) if values.max() > values.min() else 10
-            ax.hist(values, bins=bins)
-            ax.set_xscale("log")
-        ax.set_title(metric)
-    axes.flat[-1].axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with plt.rc_context(rc()):
+        fig, axes = plt.subplots(2, 4, figsize=(PAGE_IN, 3.8), layout="constrained")
+        for ax, metric in zip(axes.flat, METRICS):
+            values = metric_values(scripts, metric)
+            values = values[values > 0]
+            if len(values):
+                bins = np.geomspace(values.min(), values.max() * 1.001, 30) if values.max() > values.min() else 10
+                ax.hist(values, bins=bins, color="#4C72B0")
+                ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())   # 2x10^3 beside 3x10^3 collides
+            ax.set_title(metric)
+            ax.set_xlabel(AXES[metric][0])
+            ax.set_ylabel(AXES[metric][1])
+        axes.flat[-1].axis("off")
+        fig.suptitle(f"Workload card: {name}\n{len(scripts)} trajectories, {sum(len(s.turns) for s in scripts)} turns")
+        fig.savefig(path)
+        plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,7 +120,7 @@ def _main(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{workload.name}.md").write_text(text + "\n")
     if not args.no_figure:
-        figure(labelled, f"{workload.name}: {len(labelled)} trajectories", out / f"{workload.name}.png")
+        figure(labelled, workload.name, out / f"{workload.name}.png")
     print(f"\nwrote {out / workload.name}.md" + ("" if args.no_figure else f" and {out / workload.name}.png"))
     if args.export:
         n = export_trace(workload, args.steps, args.export)

@@ -52,3 +52,12 @@ def test_console_script_installed(name):
     out = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout.lower()
+
+
+def test_no_tracked_file_is_ignored():
+    """.gitignore names build outputs and results, never a file the repository keeps (configs/config.yaml)."""
+    res = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert res.stdout.split() == []

@@ -39,7 +39,7 @@ def test_failed_job_reported_others_run_and_rerun_skips_complete(tmp_path):
     assert "1 job(s) of the sweep" in first.stderr and "policy.num_prefill=0 is invalid" in first.stderr
     assert "Traceback" not in first.stderr, "a validation error is one line, not a traceback"
     assert (good / "summary.json").exists() and not (good / "error.json").exists()
-    assert "simulated" in first.stdout and "trajectories 0/8" in first.stdout   # progress lines
+    assert "simulated" in first.stdout and "0/8 trajectories (0%)" in first.stdout   # progress lines
 
     summary_mtime = (good / "summary.json").stat().st_mtime_ns
     os.utime(bad / "error.json", ns=(0, 0))

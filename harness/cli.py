@@ -1,37 +1,43 @@
-"""The `key=value` command lines of the fidelity and calibration tools: the tool's own keys, the rest
-passed on as Hydra overrides of configs/config.yaml; `--help`; bad input ends in one line naming the
-key, with no traceback."""
+"""One command-line style for the tools: argparse options (`--out DIR`) for what the tool itself takes,
+and `KEY=VALUE` arguments for Hydra overrides of configs/config.yaml, as `python run.py` takes them.
+Bad input ends in argparse's usage and one line naming the key, exit status 2, no traceback.
+
+run.py is the Hydra application itself; `run_help` lists the groups a user picks there for its `--help`.
+"""
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 from hydra.errors import HydraException, InstantiationException
 from omegaconf.errors import OmegaConfBaseException
 
-log = logging.getLogger("harness.cli")
-
-
-def split_args(argv: list[str], defaults: dict[str, str], usage: str) -> tuple[dict[str, str], list[str]]:
-    """The tool's own keys (over `defaults`) and the remaining arguments (Hydra overrides). `-h` or
-    `--help` writes `usage` and exits 0."""
-    if any(a in ("-h", "--help") for a in argv):
-        sys.stdout.write(usage.rstrip() + "\n")
-        raise SystemExit(0)
-    own, rest = dict(defaults), []
-    for a in argv:
-        k, _, v = a.partition("=")
-        if k in own:
-            own[k] = v
-        else:
-            rest.append(a)
-    return own, rest
-
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # Bad input as the tools meet it: a value (ValueError, naming the key), an override Hydra cannot apply
 # (its own message names it), a file that cannot be read (the OSError names it).
 BAD_INPUT = (ValueError, HydraException, OmegaConfBaseException, OSError)
+
+
+def prog(module: str) -> str:
+    """The name the user typed: the console script (`prorsa-report`) or `python -m harness.report`."""
+    name = Path(sys.argv[0]).name
+    return name if name.startswith("prorsa-") else f"python -m {module}"
+
+
+def parser(module: str, description: str, overrides: bool = True) -> argparse.ArgumentParser:
+    """A tool's parser; with `overrides`, its positional arguments are Hydra overrides (KEY=VALUE)."""
+    p = argparse.ArgumentParser(prog=prog(module), description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if overrides:
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="Hydra overrides of configs/config.yaml, as python run.py takes them "
+                            "(workload=swe, cluster.num_engines=4, +experiment=NAME)")
+    return p
 
 
 def tool_error(exc: BaseException) -> str:
@@ -43,11 +49,45 @@ def tool_error(exc: BaseException) -> str:
     return text.splitlines()[0] if isinstance(exc, HydraException) else text.replace("\n", " ")
 
 
-def run_tool(main: Callable[[list[str]], None], argv: list[str] | None, prog: str) -> None:
-    """Runs `main(argv)`; bad input (BAD_INPUT) becomes one line on stderr and exit status 2."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def run_tool(p: argparse.ArgumentParser, main: Callable[[argparse.Namespace], None], argv: list[str] | None,
+             catch: tuple[type[BaseException], ...] = BAD_INPUT) -> None:
+    """Parses `argv` (options and overrides in any order) and runs `main(args)`; bad input (`catch`)
+    becomes argparse's error: usage, one line, exit status 2."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")   # libraries' chatter (fontTools) left out
+    logging.getLogger("harness").setLevel(logging.INFO)
+    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    options = {a.dest: a.option_strings[-1] for a in p._actions if a.option_strings}
+    for override in getattr(args, "overrides", []):
+        key, eq, value = override.partition("=")
+        if not eq and not key.startswith("~"):
+            p.error(f"{override!r} is not an override; allowed: KEY=VALUE (or an option: --help lists them)")
+        if key.replace("-", "_") in options:   # the tool's own key, as the older key=value style gave it
+            p.error(f"{override!r} is an option of this tool: {options[key.replace('-', '_')]} {value}")
     try:
-        main(sys.argv[1:] if argv is None else argv)
-    except BAD_INPUT as exc:
-        sys.stderr.write(f"{prog}: error: {tool_error(exc)}\n")
-        raise SystemExit(2) from None
+        main(args)
+    except catch as exc:
+        p.error(tool_error(exc))
+
+
+# --- run.py's --help --------------------------------------------------------------------------------
+# The groups a user picks (configs/<group>/*.yaml). Not listed: catalogue/ (GPU and model data the
+# cluster reads) and schema/* (harness/schema.py's dataclasses in Hydra's ConfigStore), never picked.
+RUN_GROUPS = ("policy", "workload", "cluster", "mode", "backend", "logger")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def run_help(choices) -> str:
+    """The group lines of run.py's `--help` (configs/hydra/help/harness.yaml): each group's options, the
+    one this command line picks marked, then the experiments, which need `+experiment=`."""
+    width = len("  +experiment  ")
+
+    def listed(head: str, group: str) -> str:
+        names = ", ".join(f"[{o}]" if o == choices.get(group) else o for o in _options(group))
+        return textwrap.fill(names, 100, initial_indent=head.ljust(width), subsequent_indent=" " * width)
+
+    return "\n".join([*(listed(f"  {g}", g) for g in RUN_GROUPS), "",
+                      "Experiments: presets over several groups (configs/experiment/); the default picks none,",
+                      "so one is added with a '+': +experiment=NAME.", listed("  +experiment", "experiment")])

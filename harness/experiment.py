@@ -26,6 +26,7 @@ from collections import Counter
 from operator import attrgetter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -45,7 +46,8 @@ from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult
 from harness.routing import Balance, PrefixTracker
 from harness.serve import TokenTimes, check_serve, serve_metrics
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
-from harness.timeseries import ClusterSampler, ProgressPrinter
+from harness.progress import Progress
+from harness.timeseries import ClusterSampler
 from harness.trajectory import TURN_COLUMNS
 from harness.wandb_logger import RESULT_FILES
 from workloads.base import Workload
@@ -145,12 +147,19 @@ def job_lock(out_dir: str | os.PathLike) -> Iterator[None]:
         yield
 
 
-def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = "run",
-                   group: str | None = None) -> dict:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ERROR).unlink(missing_ok=True)   # a new attempt replaces an old failure
-    # Everything is validated before anything is simulated or logged.
+@dataclass
+class Parts:
+    """What a run is built from, every key checked: a config error is found here, before anything runs."""
+    cluster: ClusterConfig
+    mode: ModeConfig
+    logger: typing.Any      # the logger's config object; its `make` starts the run's logger
+    workload: Workload
+    policy: typing.Any
+
+
+def build_parts(cfg: DictConfig) -> Parts:
+    """Validates `cfg` and builds its parts; raises an error naming the key (is_config_error) on bad input.
+    Cheap: nothing is simulated, started or written (run.py runs it before Hydra makes the run directory)."""
     schema.check(OmegaConf.to_container(cfg, resolve=True), schema.RunSchema, "")
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
     mode = mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))
@@ -162,10 +171,23 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     interval = getattr(policy, "control_interval_s", None)   # the driver ticks the policy at this interval
     if interval is not None and not (is_number(interval) and interval > 0):
         raise ValueError(f"policy.control_interval_s={interval!r} is invalid; allowed: a number > 0")
+    return Parts(cluster, mode, logger_cfg, workload, policy)
+
+
+def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = "run",
+                   group: str | None = None) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ERROR).unlink(missing_ok=True)   # a new attempt replaces an old failure
+    # Everything is validated before anything is simulated or logged.
+    parts = build_parts(cfg)
+    cluster, mode, workload, policy = parts.cluster, parts.mode, parts.workload, parts.policy
     oracle = isinstance(policy, OraclePD)   # the named exception: it simulates the future
     if oracle and cfg.backend.name == "sim":
         policy.attach_simulator(partial(static_rollout_s, cfg, cluster, mode))
+    label = progress_label(policy, workload, mode, cluster, cfg.seed)
     wall0 = time.perf_counter()   # the policy's start plan is part of what the run costs
+    log.info("[%s] %s plans the start allocation", label, policy.name)   # seconds for a planning policy
     roles = policy.initial_roles(cluster, run_info(mode, workload))
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
@@ -181,14 +203,15 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     (out / SUMMARY).unlink(missing_ok=True)
     for name in OWN_FILES:   # only this harness's names: the directory may hold a user's own *.tmp
         (out / f"{name}.tmp").unlink(missing_ok=True)
-    logger = logger_cfg.make(OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
-    progress = ProgressPrinter(progress_label(policy, workload, mode, cluster, cfg.seed), float(cfg.progress_interval_s),
-                               per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
+    logger = parts.logger.make(OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
+    progress = Progress(label, float(cfg.progress_interval_s), driver.total,
+                        per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
     sampler.listeners += [logger.log_sample, progress]
     failed = True
     try:
         sampler.start()
-        result = driver.run()
+        with progress.shown():
+            result = driver.run()
         wall = time.perf_counter() - wall0
         lifecycle = lifecycle_frame(result)
         summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
@@ -252,8 +275,8 @@ def checked(node: DictConfig, group: str) -> None:
         allowed = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key, value in keys.items():
             if not key.startswith("_") and key not in allowed:
-                raise ValueError(f"{group}.{key}={value!r} is invalid; allowed: one of {', '.join(allowed)}"
-                                 if allowed else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
+                raise ValueError(schema.unknown_key(f"{group}.{key}", value, allowed) if allowed
+                                 else f"{group}.{key}={value!r} is invalid; {target} takes no keys")
 
 
 def instantiate_checked(node: DictConfig, group: str, **kwargs):

@@ -5,13 +5,13 @@ For each policy this runs the rollout twice, on a real backend and on the simula
 profile (harness/perf/calibrate.py), through the same `run_experiment` so both write the usual result
 files, then compares them:
 
-    python -m harness.fidelity profile=results/calibration/vllm_cpu.json \
-        policies=colocate,fixed_pd:num_prefill=1,prorsa:control_interval_s=1:min_dwell_s=5 \
-        out=results/fidelity/cpu +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
-    python -m harness.fidelity compare=results/fidelity/cpu        # recompute errors + figure from files
-    .venv-engines/bin/python -m harness.fidelity calibrate=quick out=DIR +experiment=vllm_cpu_fidelity
+    python -m harness.fidelity --profile results/calibration/vllm_cpu.json \
+        --policies colocate,fixed_pd:num_prefill=1,prorsa:control_interval_s=1:min_dwell_s=5 \
+        --out results/fidelity/cpu +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
+    python -m harness.fidelity --compare results/fidelity/cpu      # recompute errors + figure from files
+    .venv-engines/bin/python -m harness.fidelity --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
 
-With calibrate= it profiles the engines first, alone and contended, and the simulator models the two
+With --calibrate it profiles the engines first, alone and contended, and the simulator models the two
 servers sharing this host (cluster.contended_profile; docs/calibration.md, section 4). Both sides run
 with the calibrated model in the cluster, so a policy that plans plans by the same model in each.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.cli import run_tool, split_args
+from harness import cli
 
 log = logging.getLogger("harness.fidelity")
 
@@ -168,7 +168,7 @@ def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | Non
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib missing: no figure (run `python -m harness.fidelity compare=DIR` where it is)")
+        log.warning("matplotlib missing: no figure (run `python -m harness.fidelity --compare DIR` where it is)")
         return None
     fig, axes = plt.subplots(1, len(policies), figsize=(4.2 * len(policies), 4), squeeze=False)
     for ax, p in zip(axes[0], policies):
@@ -235,7 +235,7 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     mismatch = machine_mismatch(read_profile(profile))
     if mismatch:
         log.warning("profile %s may not hold on this machine: %s; calibrate here first "
-                    "(calibrate=quick or calibrate=full)", profile, mismatch)
+                    "(--calibrate quick or --calibrate full)", profile, mismatch)
     names = []
     for spec in policies:
         p, pol = policy_overrides(spec)
@@ -255,57 +255,66 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     return report(out, names, real_from)
 
 
-USAGE = """usage: python -m harness.fidelity profile=FILE [contended=FILE] [policies=P,P,...] [out=DIR] [seed=N]
-                                   [real_from=DIR] [HYDRA OVERRIDES ...]
-       python -m harness.fidelity calibrate=quick|full [policies=...] [out=DIR] [seed=N] [HYDRA OVERRIDES ...]
-       python -m harness.fidelity compare=DIR [policies=...] [real_from=DIR]
-Runs each policy on the real backend and on the simulator with the calibrated profile, then compares
-them; with calibrate=GRID it first profiles the engines on this machine, alone and while the other one
-works (harness.perf.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and compares
-with the simulator timing each step by the one that holds when it starts (cluster.contended_profile);
-contended=FILE does the same with a given profile (module docstring: harness/fidelity.py)."""
+EXAMPLES = """examples:
+  %(prog)s --profile results/calibration/vllm_cpu.json --out results/fidelity/cpu \\
+      +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
+  %(prog)s --compare results/fidelity/cpu          the errors and figure again, from the files
+  %(prog)s --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
 
-
-def _main(argv: list[str]) -> None:
-    own, rest = split_args(argv, {"profile": "", "policies": ",".join(POLICIES), "out": "results/fidelity/run",
-                                  "compare": "", "seed": "0", "real_from": "", "calibrate": "",
-                                  "contended": ""}, USAGE)
-    real_from = Path(own["real_from"]) if own["real_from"] else None
-    if own["compare"]:
-        d = Path(own["compare"])
-        report(d, [p for p in (policy_overrides(s)[0] for s in own["policies"].split(",")) if (d / p).exists()],
-               real_from)
-        return
-    from harness.perf.calibrate import GRIDS, calibrate
-    if own["calibrate"] and own["calibrate"] not in GRIDS:
-        raise ValueError(f"calibrate={own['calibrate']!r} is invalid; allowed: {', '.join(GRIDS)}")
-    if own["calibrate"] and own["profile"]:
-        raise ValueError(f"profile={own['profile']!r} is invalid with calibrate=: the comparison uses the "
-                         "profile measured here; give one of them")
-    if not own["profile"] and not own["calibrate"]:
-        raise ValueError("profile=FILE or calibrate=GRID is required (python -m harness.perf.calibrate writes "
-                         f"a profile; calibrate= measures one here first; allowed grids: {', '.join(GRIDS)})")
-    if not own["seed"].isdigit():
-        raise ValueError(f"seed={own['seed']!r} is invalid; allowed: an integer >= 0")
-    if own["calibrate"] and own["contended"]:
-        raise ValueError(f"contended={own['contended']!r} is invalid with calibrate=: the contended profile is "
-                         "measured here too; give one of them")
-    if own["contended"] and not Path(own["contended"]).is_file():
-        raise ValueError(f"contended={own['contended']!r} is invalid; allowed: an existing profile file "
-                         "(python -m harness.perf.calibrate contended=true writes one)")
-    profile, contended = own["profile"], own["contended"] or None
-    if own["calibrate"]:
-        profile = str(Path(own["out"]) / "profile.json")
-        contended = str(Path(own["out"]) / "profile_contended.json")
-        if Path(profile).exists() and Path(contended).exists():
-            log.info("%s: measured before, kept", profile)
-        else:
-            calibrate(rest, profile, GRIDS[own["calibrate"]], contended=True)
-    run(profile, own["policies"].split(","), Path(own["out"]), rest, int(own["seed"]), real_from, contended)
+With --calibrate it first profiles the engines on this machine, alone and while the other one works
+(harness.perf.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and the simulator
+times each step by the one that holds when it starts (cluster.contended_profile); --contended FILE does
+the same with a given profile (module docstring: harness/fidelity.py)."""
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_tool(_main, argv, "harness.fidelity")
+    from harness.perf.calibrate import GRIDS
+    p = cli.parser("harness.fidelity", "Runs each policy on the real backend and on the simulator with the "
+                   "calibrated profile, then compares them.")
+    p.epilog = EXAMPLES
+    p.add_argument("--profile", metavar="FILE", help="the calibrated profile (python -m harness.perf.calibrate)")
+    p.add_argument("--calibrate", choices=sorted(GRIDS), help="measure the profiles here first, on this grid")
+    p.add_argument("--contended", metavar="FILE", help="the profile measured while the other engine works")
+    p.add_argument("--policies", default=",".join(POLICIES), metavar="P,P,...",
+                   help="policies, each with its keys as NAME:KEY=VALUE:... (default: %(default)s)")
+    p.add_argument("--out", default="results/fidelity/run", metavar="DIR", help="default: %(default)s")
+    p.add_argument("--seed", type=int, default=0, help="default: %(default)s")
+    p.add_argument("--compare", metavar="DIR", help="recompute the errors and figure of DIR's runs (no runs)")
+    p.add_argument("--real-from", metavar="DIR", help="the real runs of DIR instead of new ones")
+    cli.run_tool(p, _main, argv)
+
+
+def _main(args) -> None:
+    real_from = Path(args.real_from) if args.real_from else None
+    if args.compare:
+        d = Path(args.compare)
+        report(d, [p for p in (policy_overrides(s)[0] for s in args.policies.split(",")) if (d / p).exists()],
+               real_from)
+        return
+    from harness.perf.calibrate import GRIDS, calibrate
+    if args.calibrate and args.profile:
+        raise ValueError(f"--profile={args.profile!r} is invalid with --calibrate: the comparison uses the "
+                         "profile measured here; give one of them")
+    if not args.profile and not args.calibrate:
+        raise ValueError("--profile FILE or --calibrate GRID is required (python -m harness.perf.calibrate "
+                         f"writes a profile; --calibrate measures one here first; allowed grids: {', '.join(GRIDS)})")
+    if args.seed < 0:
+        raise ValueError(f"--seed={args.seed} is invalid; allowed: an integer >= 0")
+    if args.calibrate and args.contended:
+        raise ValueError(f"--contended={args.contended!r} is invalid with --calibrate: the contended profile is "
+                         "measured here too; give one of them")
+    if args.contended and not Path(args.contended).is_file():
+        raise ValueError(f"--contended={args.contended!r} is invalid; allowed: an existing profile file "
+                         "(python -m harness.perf.calibrate --contended writes one)")
+    profile, contended = args.profile, args.contended or None
+    if args.calibrate:
+        profile = str(Path(args.out) / "profile.json")
+        contended = str(Path(args.out) / "profile_contended.json")
+        if Path(profile).exists() and Path(contended).exists():
+            log.info("%s: measured before, kept", profile)
+        else:
+            calibrate(args.overrides, profile, GRIDS[args.calibrate], contended=True)
+    run(profile, args.policies.split(","), Path(args.out), args.overrides, args.seed, real_from, contended)
 
 
 if __name__ == "__main__":

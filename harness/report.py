@@ -20,7 +20,6 @@ says otherwise, under OUT/wandb): speedup.csv as a W&B table and every PNG figur
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -29,14 +28,15 @@ import re
 import textwrap
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from harness.figure_style import (COLORS, COLUMN_IN, PAGE_IN, RC, ROLE_COLORS, policy_color, policy_label,
-                                  policy_order)
+from harness import cli
+from harness.figure_style import COLORS, LOOKS, PAGE_IN, ROLE_COLORS, policy_label, policy_look, policy_order, rc
 from harness.wandb_logger import PROJECT
 
 SUMMARY_ROWS = [("policy", "{}"), ("workload", "{}"), ("mode", "{}"), ("cluster", "{}"),
@@ -290,8 +290,8 @@ PRORSA_CAPTION = ("Prorsa against colocation and the best static allocation of t
                   "over seeds; per seed in prorsa.csv)")
 
 
-def prorsa_display(seeds: pd.DataFrame) -> pd.DataFrame:
-    """One line per row and Prorsa setting (`seeds`: prorsa_seeds())."""
+def prorsa_display(seeds: pd.DataFrame, names: dict[tuple, str] | None = None) -> pd.DataFrame:
+    """One line per row and Prorsa setting (`seeds`: prorsa_seeds(); `names`: row_names())."""
     rows = []
     for key, grp in seeds.groupby(ROW_KEYS + ["policy"], sort=True):
         rows.append({**dict(zip(ROW_KEYS + ["policy"], key)), "seeds": len(grp),
@@ -301,6 +301,7 @@ def prorsa_display(seeds: pd.DataFrame) -> pd.DataFrame:
                      "role switches per seed": ", ".join(str(n) for n in grp["num_role_switches"])})
     out = pd.DataFrame(rows, columns=ROW_KEYS + ["policy", "seeds", "prorsa / colocate", "prorsa / best static",
                                                  "best static per seed", "role switches per seed"])
+    out = _named(out, names)
     return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
 
@@ -342,7 +343,21 @@ def _cell(mean: float, std: float, n: int) -> str:
     return f"{mean:.2f}{spread} (n={n})" if n > 1 else f"{mean:.2f}"
 
 
-def _display(table: pd.DataFrame, value: str) -> pd.DataFrame:
+def row_names(df: pd.DataFrame) -> dict[tuple, str]:
+    """Each row's name in every table and figure: the experiment its runs name (`+experiment=NAME`), else
+    its workload (`df`: runs_frame())."""
+    return {key: ", ".join(sorted(set(grp["experiment"]))) for key, grp in df.groupby(ROW_KEYS, sort=True)}
+
+
+def _named(out: pd.DataFrame, names: dict[tuple, str] | None) -> pd.DataFrame:
+    """The workload column of a table by ROW_KEYS, in the rows' names (row_names)."""
+    if names:
+        out["workload"] = [names.get(tuple(r), w) for r, w in zip(out[ROW_KEYS].itertuples(index=False),
+                                                                   out["workload"])]
+    return out.sort_values(ROW_KEYS, kind="stable").reset_index(drop=True)
+
+
+def _display(table: pd.DataFrame, value: str, names: dict[tuple, str] | None = None) -> pd.DataFrame:
     rows = []
     for key, grp in table.groupby(ROW_KEYS, sort=True):
         row = dict(zip(ROW_KEYS, key))
@@ -351,7 +366,7 @@ def _display(table: pd.DataFrame, value: str) -> pd.DataFrame:
         rows.append(row)
     out = pd.DataFrame(rows)
     policies = policy_order(table["policy"])
-    out = out.reindex(columns=ROW_KEYS + policies).fillna("-")
+    out = _named(out.reindex(columns=ROW_KEYS + policies).fillna("-"), names)
     return out if (out["setting"] != "").any() else out.drop(columns="setting")
 
 
@@ -398,13 +413,21 @@ SPEEDUP_CAPTION = "Rollout-time speedup over colocate (same workload, mode, clus
 EFFICIENCY_CAPTION = "Efficiency: lower_bound_s / rollout_time_s (1.0 is the bound)"
 
 
-def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
+@dataclass
+class Tables:
+    runs: pd.DataFrame          # runs_frame()
+    speedup: pd.DataFrame       # as speedup.md shows them
+    efficiency: pd.DataFrame
+
+
+def write_tables(runs: list[Run], out: Path) -> Tables:
     df = runs_frame(runs)
     per_seed = speedups(df)
     table = speedup_table(per_seed)
     _wide(table).to_csv(out / "speedup.csv", index=False)
     failed = _failed_lines(runs)
-    speed, eff = _display(table, "speedup"), _display(table, "efficiency")
+    names = row_names(df)
+    speed, eff = _display(table, "speedup", names), _display(table, "efficiency", names)
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed or partial.\n",
           f"## {SPEEDUP_CAPTION}\n", md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", md_table(eff),
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
@@ -420,7 +443,7 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     seeds = prorsa_seeds(df)
     seeds.to_csv(out / "prorsa.csv", index=False)
     if not seeds.empty:
-        md += [f"\n## {PRORSA_CAPTION}\n", md_table(prorsa_display(seeds))]
+        md += [f"\n## {PRORSA_CAPTION}\n", md_table(prorsa_display(seeds, names))]
     below = oracle_below_hindsight(per_seed)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]
@@ -430,7 +453,17 @@ def write_tables(runs: list[Run], out: Path) -> pd.DataFrame:
     tex += [r"\begin{itemize}", *[rf"\item \texttt{{{_tex_escape(line)}}}" for line in failed], r"\end{itemize}"] \
         if failed else ["None."]
     (out / "speedup.tex").write_text("\n".join(tex) + "\n")
-    return df
+    return Tables(df, speed, eff)
+
+
+def console_text(tables: Tables) -> str:
+    """The speedup and efficiency tables as the terminal shows them: best_fixed stands for the fixed
+    splits, each of which speedup.md lists."""
+    if tables.speedup.empty:
+        return "no complete runs: no speedup table"
+    shown = [(caption, t.drop(columns=[c for c in t.columns if c.startswith("fixed_pd[")]))
+             for caption, t in [(SPEEDUP_CAPTION, tables.speedup), (EFFICIENCY_CAPTION, tables.efficiency)]]
+    return "\n\n".join(f"{caption}\n{table.to_string(index=False)}" for caption, table in shown)
 
 
 # --- figures ---------------------------------------------------------------------------------------
@@ -442,9 +475,12 @@ def _slug(text: str) -> str:
 
 
 def _best_split(grp: pd.DataFrame) -> str | None:
-    """The fixed_pd split with the shortest mean rollout time in `grp` (None without fixed_pd runs)."""
+    """The fixed_pd split with the shortest mean rollout time in `grp`; None unless two or more splits ran
+    (a single split is not the best of anything)."""
     fixed = grp[grp["policy_name"] == "fixed_pd"]
-    return None if fixed.empty else fixed.groupby("policy")["rollout_time_s"].mean().idxmin()
+    if fixed["policy"].nunique() < 2:
+        return None
+    return fixed.groupby("policy")["rollout_time_s"].mean().idxmin()
 
 
 def _seeds(counts: pd.Series, spread: str) -> str:
@@ -460,22 +496,45 @@ def _demand_policies(grp: pd.DataFrame, best_split: str | None) -> list[str]:
     """colocate, the best fixed split, prorsa and oracle_pd (the next in the fixed order for one that is
     missing): the four a reader compares; more rows would not print."""
     others = set(grp.loc[grp["policy_name"] == "fixed_pd", "policy"]) - {best_split}
+    if best_split is None and others:   # one split: it stands for the splits
+        others -= {min(others)}
     return [p for p in policy_order(grp["policy"]) if p not in others][:4]
 
 
 def _fit(title: str, width: int = 100) -> str:
-    """Wrap a title to the figure's width (in characters of 8-pt text): a row's or a policy's settings
-    can run long."""
+    """Wrap a label to a width (in characters of 8-pt text): a policy's settings can run long."""
     return "\n".join(textwrap.fill(re.sub(r",(?=\S)", ", ", line), width, break_long_words=False)
                      for line in title.split("\n"))
 
 
-def _engines(ax, ts: pd.DataFrame) -> None:
-    """Engines per role over time, stacked."""
+def _title(head: str, details: list[str], width: int = 100) -> str:
+    """At most two lines: what the figure shows and for which row, then its details (the row's setting,
+    seeds), each cut to the figure's width (in characters of 8-pt text); the table has every setting."""
+    detail = "; ".join(re.sub(r",(?=\S)", ", ", d) for d in details if d)
+    lines = [textwrap.shorten(line, width, placeholder=" ...") for line in (head, detail) if line]
+    return "\n".join(lines)
+
+
+def _ink(color: str) -> str:
+    """A hatch colour that shows on `color`: white on a dark fill, dark grey on a light one."""
+    from matplotlib.colors import to_rgb
+    r, g, b = to_rgb(color)
+    return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "0.25"
+
+
+def _engines(ax, ts: pd.DataFrame) -> set[str]:
+    """Engines per role over time, stacked: only the roles some engine held; the roles drawn."""
     from matplotlib.ticker import MaxNLocator
     ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
-    ax.stackplot(ts["t_s"], *[ts[f"engines_{role}"] for role in ROLE_COLORS], labels=list(ROLE_COLORS),
-                 colors=list(ROLE_COLORS.values()), step="post")
+    roles = [role for role in ROLE_COLORS if (ts[f"engines_{role}"] > 0).any()]
+    ax.stackplot(ts["t_s"], *[ts[f"engines_{role}"] for role in roles], labels=roles,
+                 colors=[ROLE_COLORS[r] for r in roles], step="post")
+    return set(roles)
+
+
+def _role_handles(roles: set[str]) -> list:
+    from matplotlib.patches import Patch
+    return [Patch(color=color, label=role) for role, color in ROLE_COLORS.items() if role in roles]
 
 
 def _completion_times(path: str) -> np.ndarray:
@@ -504,12 +563,11 @@ class Figures:
         plt.close(fig)
 
     def groups(self):
-        """One report row at a time, titled by its experiment (the workload where a run names none)."""
+        """One report row at a time, named as the tables name it (row_names); its varying setting apart."""
+        names = row_names(self.df)
         for key, grp in self.df.groupby(ROW_KEYS, sort=True):
             _, mode, cluster, setting = key
-            experiment = ", ".join(sorted(grp["experiment"].unique()))
-            title = f"{experiment} · {mode} · {cluster}" + (f"\n{setting}" if setting else "")
-            yield title, "_".join(k for k in key if k), grp
+            yield f"{names[key]} · {mode} · {cluster}", setting, "_".join(k for k in (names[key], *key[1:]) if k), grp
 
     def all(self) -> list[Path]:
         import matplotlib
@@ -518,16 +576,16 @@ class Figures:
         if self.df.empty:
             return self.written
         self.out.mkdir(parents=True, exist_ok=True)
-        with plt.rc_context(RC):
-            for title, slug, grp in self.groups():
-                self.demand(title, slug, grp)
-                self.completion_cdf(title, slug, grp)
-                self.pd_split(title, slug, grp)
-                self.prorsa_timelines(title, slug, grp)
+        with plt.rc_context(rc()):
+            for title, setting, slug, grp in self.groups():
+                self.demand(title, setting, slug, grp)
+                self.completion_cdf(title, setting, slug, grp)
+                self.pd_split(title, setting, slug, grp)
+                self.prorsa_timelines(title, setting, slug, grp)
             self.speedup_bars()
         return self.written
 
-    def demand(self, title: str, slug: str, grp: pd.DataFrame) -> None:
+    def demand(self, title: str, setting: str, slug: str, grp: pd.DataFrame) -> None:
         """Prefill and decode demand against engines per role: one row per policy (its first seed), at most
         four, every panel of a column on the same axes."""
         import matplotlib.pyplot as plt
@@ -539,27 +597,30 @@ class Figures:
             return
         fig, axes = plt.subplots(len(policies), 3, figsize=(PAGE_IN, 1.1 + 1.2 * len(policies)), sharex=True,
                                  sharey="col", squeeze=False, layout="constrained")
+        roles = set()
         for row, policy in zip(axes, policies):
             r = with_ts[with_ts["policy"] == policy].sort_values("seed").iloc[0]
             ts = pd.read_parquet(Path(r["path"]) / "timeseries.parquet")
-            color = policy_color(policy, best)
-            row[0].plot(ts["t_s"], ts["prefill_demand_tokens"], color=color)
-            row[1].plot(ts["t_s"], ts["decode_requests"], color=color)
-            _engines(row[2], ts)
-            row[0].set_ylabel(_fit(f"{policy_label(policy, best)}\nseed {r['seed']}".replace("[", "\n["), 24),
-                              color=color)
+            look = policy_look(policy, best)
+            row[0].plot(ts["t_s"], ts["prefill_demand_tokens"], color=look.color, linestyle=look.linestyle)
+            row[1].plot(ts["t_s"], ts["decode_requests"], color=look.color, linestyle=look.linestyle)
+            roles |= _engines(row[2], ts)
+            label = policy_label(policy, best).replace("[", "\n[").replace(" (best split)", "\n(best split)")
+            row[0].set_ylabel(_fit(f"{label}\nseed {r['seed']}", 24),
+                              color=look.color)
         axes[0][0].yaxis.set_major_formatter(EngFormatter())
         for ax, heading in zip(axes[0], ["prefill: waiting tokens", "decode: requests decoding", "engines per role"]):
             ax.set_title(heading)
         for ax in axes[-1]:
             ax.set_xlabel("simulated time (s)")
-        fig.legend(*axes[0][2].get_legend_handles_labels(), loc="outside lower center", ncols=len(ROLE_COLORS))
+        fig.legend(handles=_role_handles(roles), loc="outside lower center", ncols=len(roles))
         seeds = _seeds(grp.groupby("policy")["seed"].nunique(), "other seeds not shown")
-        fig.suptitle(_fit(f"Demand vs engines per role: {title}\nfirst seed of each policy ({seeds})"))
+        fig.suptitle(_title(f"Demand vs engines per role: {title}", [setting, f"first seed of each policy ({seeds})"]))
         self.save(fig, f"demand_{slug}")
 
-    def completion_cdf(self, title: str, slug: str, grp: pd.DataFrame) -> None:
-        """CDF of trajectory completion time, a policy's seeds pooled; the band spans the seeds' own CDFs."""
+    def completion_cdf(self, title: str, setting: str, slug: str, grp: pd.DataFrame) -> None:
+        """CDF of trajectory completion time, a policy's seeds pooled; the band spans the seeds' own CDFs.
+        Each policy's line style and markers keep coinciding curves apart."""
         import matplotlib.pyplot as plt
         best = _best_split(grp)
         policies = policy_order(grp["policy"])
@@ -567,56 +628,62 @@ class Figures:
         for i, policy in enumerate(policies):
             per_seed = [_completion_times(p) for p in grp.loc[grp["policy"] == policy, "path"]]
             x = np.sort(np.concatenate(per_seed))
-            color, z = policy_color(policy, best), 2 + len(policies) - i    # the methods compared on top
-            ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", color=color, zorder=z,
+            look, z = policy_look(policy, best), 2 + len(policies) - i    # the methods compared on top
+            ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", color=look.color, zorder=z,
+                    linestyle=look.linestyle, marker=look.marker, markersize=3.5, markevery=(i, max(len(x) // 6, 1)),
                     label=policy_label(policy, best))
             if len(per_seed) > 1:
                 cdfs = [np.searchsorted(s, x, side="right") / len(s) for s in per_seed]
-                ax.fill_between(x, np.min(cdfs, axis=0), np.max(cdfs, axis=0), step="post", color=color,
+                ax.fill_between(x, np.min(cdfs, axis=0), np.max(cdfs, axis=0), step="post", color=look.color,
                                 alpha=0.2, linewidth=0, zorder=z)
         ax.set_xlabel("trajectory completion time (s)")
         ax.set_ylabel("fraction of trajectories")
         seeds = _seeds(grp.groupby("policy")["seed"].nunique(), "seeds pooled, band: range over seeds")
-        ax.set_title(_fit(f"Trajectory completion: {title}\n{seeds}"))
+        ax.set_title(_title(f"Trajectory completion: {title}", [setting, seeds]))
         fig.legend(loc="outside right upper")
         self.save(fig, f"completion_cdf_{slug}")
 
-    def pd_split(self, title: str, slug: str, grp: pd.DataFrame) -> None:
-        """Makespan of each fixed P:D split (mean, error bars: std over seeds), the best one marked, with a
-        horizontal line (band: std over seeds) for every other policy present."""
+    def pd_split(self, title: str, setting: str, slug: str, grp: pd.DataFrame) -> None:
+        """Makespan of each fixed P:D split (mean, error bars: std over seeds), the best of two or more
+        marked, with a horizontal line (band: std over seeds) for every other policy present."""
         import matplotlib.pyplot as plt
         fixed = grp[(grp["policy_name"] == "fixed_pd") & grp["num_prefill"].notna()]
         if fixed.empty:
             return
         stats = fixed.groupby(fixed["num_prefill"].astype(int))["rollout_time_s"].agg(["mean", "std", "count"])
         fig, ax = plt.subplots(figsize=(PAGE_IN, 2.6), layout="constrained")
-        handles = [ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], color=COLORS["fixed_pd"], marker="o",
-                               markersize=3, capsize=2, label="fixed_pd")]
+        split = LOOKS["fixed_pd"]
+        handles = [ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], color=split.color, marker="o",
+                               markersize=3, capsize=2, label="fixed_pd" if len(stats) > 1 else "fixed_pd (one split)")]
         engines = fixed["num_engines"].dropna()
         names = {p: f"{p}:{int(engines.iloc[0]) - p}" if not engines.empty else str(p) for p in stats.index}
-        best = stats["mean"].idxmin()
-        handles += ax.plot([best], [stats.loc[best, "mean"]], marker="o", markersize=6, linestyle="none",
-                           color=COLORS["best_fixed"], label=f"best split ({names[best]})", zorder=3)
+        if len(stats) > 1:
+            best = stats["mean"].idxmin()
+            handles += ax.plot([best], [stats.loc[best, "mean"]], marker=LOOKS["best_fixed"].marker, markersize=6,
+                               linestyle="none", color=COLORS["best_fixed"], label=f"best split ({names[best]})",
+                               zorder=3)
         others = grp[grp["policy_name"] != "fixed_pd"].groupby("policy")["rollout_time_s"].agg(["mean", "std", "count"])
         for policy in policy_order(others.index):
             mean, std, n = others.loc[policy]
-            color = policy_color(policy)
-            handles.append(ax.axhline(mean, linestyle="--", color=color, label=policy))
+            look = policy_look(policy)
+            handles.append(ax.axhline(mean, linestyle=look.linestyle, color=look.color, label=policy))
             if n > 1:
-                ax.axhspan(mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+                ax.axhspan(mean - std, mean + std, color=look.color, alpha=0.15, linewidth=0)
         ax.set_xticks(list(stats.index), [names[p] for p in stats.index])
         ax.set_xlabel("P:D split (prefill engines : decode engines)")
         ax.set_ylabel("rollout time (s)")
         counts = pd.concat([stats["count"], others["count"]])
-        ax.set_title(_fit(f"Makespan vs P:D split: {title}\n{_seeds(counts, 'error bars and bands: std over seeds')}"))
+        ax.set_title(_title(f"Makespan vs P:D split: {title}",
+                            [setting, _seeds(counts, "error bars and bands: std over seeds")]))
         fig.legend(handles=handles, loc="outside right upper")
         self.save(fig, f"makespan_vs_pd_{slug}")
 
-    def prorsa_timelines(self, title: str, slug: str, grp: pd.DataFrame) -> None:
+    def prorsa_timelines(self, title: str, setting: str, slug: str, grp: pd.DataFrame) -> None:
         """For each prorsa policy (its first seed): engines per role with Prorsa's decisions marked, and its
         forecast for the next bin against what happened (forecast.parquet, when forecasting is on)."""
         import matplotlib.pyplot as plt
         from matplotlib.ticker import EngFormatter
+        prorsa = LOOKS["prorsa"]
         for policy in policy_order(grp.loc[grp["policy_name"] == "prorsa", "policy"]):
             runs = grp[grp["policy"] == policy]
             r = runs.sort_values("seed").iloc[0]
@@ -631,61 +698,71 @@ class Figures:
             fig, axes = plt.subplots(panels, 1, figsize=(PAGE_IN, 1.2 + 1.3 * panels), sharex=True, squeeze=False,
                                      layout="constrained")
             axes = axes[:, 0]
-            _engines(axes[0], ts)
+            handles = _role_handles(_engines(axes[0], ts))
             axes[0].set_ylabel("engines")
             n = int(r["num_engines"]) if pd.notna(r["num_engines"]) else int(ts.filter(like="engines_").iloc[0].sum())
-            for i, (t, split) in enumerate(summary.get("prorsa_decisions", [])):
+            decisions = summary.get("prorsa_decisions", [])
+            span = max(float(ts["t_s"].max()), max((t for t, _ in decisions), default=0.0), 1e-9)
+            labelled_at = None
+            for i, (t, split) in enumerate(decisions):
                 name = "colocated" if split == 0 else f"{split}P{n - split}D"
                 if i:   # the first decision is the start, every later one a switch
-                    for ax in axes:
-                        ax.axvline(t, color=COLORS["prorsa"], linestyle=":", linewidth=0.8)
-                axes[0].text(t, 0.98, name if i else f"start {name}", transform=axes[0].get_xaxis_transform(),
-                             rotation=90, va="top", ha="right", fontsize=6)
+                    lines = [ax.axvline(t, color=prorsa.color, linestyle=":", linewidth=0.8) for ax in axes]
+                    if i == 1:
+                        lines[0].set_label("role switch")
+                        handles.append(lines[0])
+                if labelled_at is None or t - labelled_at > 0.04 * span:   # labels never overprint
+                    axes[0].text(t, 0.98, name if i else f"start {name}", transform=axes[0].get_xaxis_transform(),
+                                 rotation=90, va="top", ha="right", fontsize=6)
+                    labelled_at = t
             if fc is not None:
                 for ax, what, unit in zip(axes[1:], ("prefill", "decode"), ("prompt tokens\nper bin", "sequences")):
-                    ax.plot(fc["t_mid"], fc[f"{what}_actual"], color="0.3", label="actual")
-                    ax.plot(fc["t_mid"], fc[f"{what}_forecast"], color=COLORS["prorsa"], linestyle="--",
-                            label="forecast (next bin)")
+                    drawn = ax.plot(fc["t_mid"], fc[f"{what}_actual"], color="0.3", label="actual")
+                    drawn += ax.plot(fc["t_mid"], fc[f"{what}_forecast"], color=prorsa.color,
+                                     linestyle=prorsa.linestyle, label="forecast (next bin)")
                     ax.set_ylabel(f"{what}\n({unit})")
                 axes[1].yaxis.set_major_formatter(EngFormatter())
+                handles += drawn
             axes[-1].set_xlabel("simulated time (s)")
             fig.align_ylabels(axes)
-            handles = [h for ax in axes[:2] for h in ax.get_legend_handles_labels()[0]]
-            fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+            fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5))
             seeds = _seeds(pd.Series([runs["seed"].nunique()]), "the first shown")
-            fig.suptitle(_fit(f"Prorsa decisions: {title}\n{policy}, seed {r['seed']} ({seeds}); "
-                              f"{summary.get('num_role_switches', 0)} engine role switches (dotted)"))
+            switches = summary.get("num_role_switches", 0)
+            fig.suptitle(_title(f"Prorsa decisions: {title}", [setting, f"{policy}, seed {r['seed']} ({seeds})",
+                                                                f"{switches} engine role switch{'es' * (switches != 1)}"]))
             self.save(fig, f"prorsa_timeline_{slug}" + ("" if policy == "prorsa" else f"_{policy}"))
 
     def speedup_bars(self) -> None:
-        """Speedup over colocate per row (mean, error bars: std over seeds). colocate is the line at 1 and
-        best_fixed stands for the fixed splits (makespan_vs_pd shows each)."""
+        """Speedup over colocate per row (mean, error bars: std over seeds), as horizontal bars: a row's name
+        reads on one line beside its bars however many rows there are. colocate is the line at 1 and
+        best_fixed stands for the fixed splits (makespan_vs_pd shows each); each policy's hatch keeps it
+        apart in greyscale."""
         import matplotlib.pyplot as plt
         s = speedups(self.df).dropna(subset=["speedup"])
         s = s[(s["policy"] != BASELINE) & ~s["policy"].str.startswith("fixed_pd[")]
         if s.empty:
             return
         stats = s.groupby(ROW_KEYS + ["policy"])["speedup"].agg(["mean", "std", "count"])
-        rows = sorted(s.groupby(ROW_KEYS).groups)
+        names = row_names(self.df)
+        rows = sorted(s.groupby(ROW_KEYS).groups, key=lambda row: (names[row], *row[1:]))
         policies = policy_order(s["policy"])
-        experiments = self.df.groupby(ROW_KEYS)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
         varying = [i for i, k in enumerate(ROW_KEYS[1:], 1) if s[k].nunique() > 1]
-        ticks = ["\n".join([experiments[row], *[row[i] for i in varying]]) for row in rows]
-        fig, ax = plt.subplots(figsize=(PAGE_IN if len(rows) > 2 else COLUMN_IN, 2.8), layout="constrained")
-        width = 0.8 / len(policies)
+        ticks = [" · ".join([names[row], *[_fit(row[i], 40) for i in varying]]) for row in rows]
+        height = 0.12 * len(policies) + 0.1
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 1.0 + height * len(rows)), layout="constrained")
         for j, policy in enumerate(policies):
-            present = [(x, stats.loc[(*row, policy)]) for x, row in enumerate(rows) if (*row, policy) in stats.index]
-            xs = np.array([x for x, _ in present]) + (j - (len(policies) - 1) / 2) * width
-            means = [st["mean"] for _, st in present]
-            errs = [st["std"] for _, st in present]    # NaN (no bar) for one seed
-            ax.bar(xs, means, width, yerr=errs, color=policy_color(policy), label=policy,
-                   error_kw={"linewidth": 0.8, "capsize": 1.5})
-        ax.axhline(1.0, color=COLORS[BASELINE], linewidth=0.8, label=f"{BASELINE} (1.0)")
-        ax.set_xticks(range(len(rows)), ticks, rotation=30 if len(rows) > 4 else 0,
-                      ha="right" if len(rows) > 4 else "center")
-        ax.set_ylabel("speedup over colocate")
-        ax.set_title(_fit(f"Rollout-time speedup over colocate\n{_seeds(stats['count'], 'error bars: std over seeds')}",
-                          100 if len(rows) > 2 else 45))
+            present = [(y, stats.loc[(*row, policy)]) for y, row in enumerate(rows) if (*row, policy) in stats.index]
+            ys = np.array([y for y, _ in present]) * height + (j - (len(policies) - 1) / 2) * 0.12   # 1st on top
+            look = policy_look(policy)
+            ax.barh(ys, [st["mean"] for _, st in present], 0.11, xerr=[st["std"] for _, st in present],   # NaN: one seed
+                    color=look.color, hatch=look.hatch, hatchcolor=_ink(look.color), edgecolor=look.color,
+                    label=policy, error_kw={"linewidth": 0.8, "capsize": 1.5})
+        ax.axvline(1.0, color=COLORS[BASELINE], linewidth=0.8, label=f"{BASELINE} (1.0)")
+        ax.set_yticks(np.arange(len(rows)) * height, ticks)
+        ax.invert_yaxis()     # the first row on top, as in the table
+        ax.set_xlabel("speedup over colocate")
+        ax.grid(axis="y", visible=False)
+        ax.set_title(_title("Rollout-time speedup over colocate", [_seeds(stats["count"], "error bars: std over seeds")]))
         fig.legend(loc="outside right upper")
         self.save(fig, "speedup_bars")
 
@@ -706,20 +783,24 @@ def log_to_wandb(out: Path, figures: list[Path], project: str) -> bool:
         return False
 
 
-def report(runs: list[Run], out: Path) -> list[Path]:
-    """The tables and figures of `runs` in `out`; the figure files written."""
+def report(runs: list[Run], out: Path) -> tuple[Tables, list[Path]]:
+    """The tables and figures of `runs` in `out`: the tables, and the figure files written."""
     out.mkdir(parents=True, exist_ok=True)
-    df = write_tables(runs, out)
-    return Figures(df, out / "figures").all()
+    tables = write_tables(runs, out)
+    return tables, Figures(tables.runs, out / "figures").all()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
-    parser.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories")
+    parser = cli.parser("harness.report", "The speedup tables (printed, and written as speedup.csv, .md and .tex) "
+                        "and the figures of every run under the DIRs, from their result files alone.", overrides=False)
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="sweep or run directories")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: the first DIR)")
     parser.add_argument("--wandb", nargs="?", const=PROJECT, default=None, metavar="PROJECT",
                         help=f"also log the table and figures as a W&B run (project default {PROJECT})")
-    args = parser.parse_args(argv)
+    cli.run_tool(parser, partial(_main, parser), argv, catch=())   # a file it cannot read: its traceback names it
+
+
+def _main(parser, args) -> None:
     missing = [d for d in args.dirs if not d.is_dir()]
     if missing:
         parser.error(f"not a directory: {', '.join(map(str, missing))}")
@@ -727,8 +808,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = find_runs(args.dirs)
     if not runs:
         parser.error(f"no runs (summary.json, error.json or .hydra) under {', '.join(map(str, args.dirs))}")
-    figures = report(runs, out)
+    tables, figures = report(runs, out)
     failed = [r for r in runs if not r.complete]
+    print(console_text(tables) + "\n")
     print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed or partial; wrote {out}/speedup.csv, "
           f".md, .tex and {len(figures)} figure files in {out}/figures")
     for line in _failed_lines(runs):

@@ -12,6 +12,7 @@ end-of-sweep check (harness/sweep.py) never looked.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,13 @@ def check_job_dirs(overrides: list[str], exclude_keys: list[str]) -> None:
                 f"directory, named after its overrides, would be outside hydra.sweep.dir)")
 
 
+# Single runs' directories that did not exist before Hydra made them (this process's runs).
+NEW_RUN_DIRS: set[Path] = set()
+
+
 class RunDirCheck(Callback):
-    """Refuses a run or sweep whose directories are not its own, before Hydra writes anything."""
+    """Refuses a run or sweep whose directories are not its own, before Hydra writes anything; notes a
+    single run's directory that Hydra is about to make (`discard_new`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -66,6 +72,9 @@ class RunDirCheck(Callback):
             check_writable("hydra.run.dir", str(config.hydra.run.dir))
         except BadRunDir as exc:
             refuse(exc)
+        run_dir = Path(str(config.hydra.run.dir)).resolve()
+        if not run_dir.exists():
+            NEW_RUN_DIRS.add(run_dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -75,6 +84,16 @@ class RunDirCheck(Callback):
                            list(config.hydra.job.config.override_dirname.exclude_keys))
         except BadRunDir as exc:
             refuse(exc)
+
+
+def discard_new(out: Path) -> bool:
+    """Removes a single run's directory if Hydra made it for this run: a bad value found once the run
+    started (a P:D split the cluster cannot hold, checked by the policy's start plan) leaves nothing, as
+    one found before (harness/config_check.py). A directory that existed before is left as it is."""
+    if out.resolve() not in NEW_RUN_DIRS:
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    return True
 
 
 def refuse(exc: BadRunDir) -> None:

@@ -17,6 +17,7 @@ a split that needs two engines), lookups (a GPU or model in the catalogue), file
 """
 from __future__ import annotations
 
+import difflib
 import math
 import types
 import typing
@@ -484,7 +485,7 @@ def check(node: Any, schema: type, where: str) -> None:
             raise ValueError(f"{dot}{k}={v!r} is no longer a key here: {schema.REMOVED[k]}; remove it")
         if k not in names and not (isinstance(k, str) and k.startswith("_")):
             allowed = sorted(n for n in names if not n.startswith("_"))
-            raise ValueError(f"{dot}{k}={v!r} is invalid; allowed: one of {', '.join(allowed)}" if allowed else
+            raise ValueError(unknown_key(f"{dot}{k}", v, allowed) if allowed else
                              f"{dot}{k}={v!r} is invalid; {node.get('_target_', where)} takes no keys")
     for f in fields(schema):
         if f.metadata.get("target"):
@@ -494,6 +495,15 @@ def check(node: Any, schema: type, where: str) -> None:
                 raise ValueError(f"{dot}{f.name}=None is invalid; allowed: a value (the key is required)")
             continue
         _check_value(node[f.name], hints[f.name], f.metadata, f"{dot}{f.name}")
+
+
+def unknown_key(dotted: str, value: Any, allowed: list[str]) -> str:
+    """The message for a key a node does not take (`dotted`: its full path): the keys allowed, and the
+    closest of them (difflib) where one is close, as a misspelling is."""
+    parent, _, key = dotted.rpartition(".")
+    close = difflib.get_close_matches(str(key), allowed, n=1)
+    hint = f" did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+    return f"{dotted}={value!r} is invalid;{hint} allowed: one of {', '.join(allowed)}"
 
 
 def check_annotated(value: Any, tp: Any, where: str) -> None:

@@ -7,8 +7,6 @@ on the backend's own clock, so it runs unchanged on real engines.
 """
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -16,7 +14,6 @@ import pandas as pd
 
 from harness.api import Backend, Role
 
-log = logging.getLogger(__name__)
 # Empty intervals (no event but the sampler's own tick) sampled on the grid before the interval doubles:
 # sampling then costs work in proportion to the events, not to simulated time (a tool call of a day,
 # with nothing else running, is a few thousand samples, not 86,400 / sample_interval_s).
@@ -110,30 +107,3 @@ class ClusterSampler:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([asdict(s) for s in self.samples], columns=COLUMNS)
-
-
-@dataclass
-class ProgressPrinter:
-    """Logs simulated time and trajectories done at most every `interval_s` of wall time.
-
-    A listener of the sampler: it runs on the backend clock and looks at the wall clock, so a fast
-    simulation prints nothing and a long one reports steadily.
-    """
-
-    label: str
-    interval_s: float
-    per_step: int = 0               # sync RL: trajectories per step, to say which step runs (0: async)
-    num_steps: int = 0
-    _last: float = field(default_factory=time.perf_counter)
-    _start: float = field(default_factory=time.perf_counter)
-
-    def __call__(self, s: Sample) -> None:
-        now = time.perf_counter()
-        if now - self._last < self.interval_s:
-            return
-        self._last = now
-        step = ""
-        if self.per_step:
-            step = f"step {min(s.completed_trajectories // self.per_step + 1, self.num_steps)}/{self.num_steps}, "
-        log.info("[%s] %ssimulated %s s, trajectories %d/%d, wall %s s", self.label, step, f"{s.t_s:,.1f}",
-                 s.completed_trajectories, s.total_trajectories, f"{now - self._start:,.1f}")

@@ -1,6 +1,6 @@
 """Bad input through the command line: every config group and trace files. Each case stops the run before
 anything is simulated, with a message naming the key (`key=value is invalid; allowed: ...`, or
-`file:line: field '...'` for a trace line), no traceback, and no result written (no summary.json, no parquet).
+`file:line: field '...'` for a trace line), no traceback, and nothing written: not even the run directory.
 
 The cases run run.py as `__main__` with their arguments (the code path of `python run.py ...`), all in one
 child Python process so the interpreter starts once; a few also run as a process of their own.
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]   # kept for child processes
 SMALL = ["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=none",
          "progress_interval_s=0"]
 
@@ -117,7 +118,8 @@ CONFIG_CASES = [
     ("pearl_fit_points", ["policy=pearl", "policy.min_fit_points=0"], "policy.min_fit_points=0 is invalid"),
     ("oracle_interval", ["policy=oracle_pd", "policy.decision_interval_s=0"], "policy.decision_interval_s=0 is invalid"),
     ("policy_unknown_key", ["+policy.foo=1"], "policy.foo=1 is invalid; baselines.colocate.Colocate takes no keys"),
-    ("prorsa_unknown_key", ["policy=prorsa", "+policy.horizon=5"], "policy.horizon=5 is invalid; allowed: one of"),
+    ("prorsa_unknown_key", ["policy=prorsa", "+policy.horizon=5"],
+     "policy.horizon=5 is invalid; did you mean policy.horizon_s? allowed: one of"),
     ("seed_negative", ["seed=-1"], "seed=-1 is invalid; allowed: an integer >= 0"),
     ("seed_text", ["seed=abc"], "seed='abc' is invalid; allowed: an integer >= 0"),
     ("seed_float", ["seed=1.5"], "seed=1.5 is invalid; allowed: an integer >= 0"),
@@ -341,8 +343,7 @@ def test_rejected_with_the_key_named_no_traceback_nothing_written(cli, cid):
     assert r["code"] == 1, shown[-3000:]
     assert r["expected"] in r["stderr"], r["stderr"][-3000:]
     assert "Traceback" not in shown, shown[-3000:]
-    written = [f for f in r["files"] if f.endswith((".parquet", "summary.json")) or f.startswith("wandb")]
-    assert not written, written
+    assert not r["files"], r["files"]      # no run directory: not even .hydra/, run.log or error.json
 
 
 @pytest.mark.parametrize("cid", ["memory_fraction_text", "seed_text", "latency_nan", "unknown_key"])
@@ -363,37 +364,59 @@ def test_same_as_a_process_of_its_own(tmp_path, cid):
     assert not list((tmp_path / "run").glob("*.parquet")) and not (tmp_path / "run" / "summary.json").exists()
 
 
-# The key=value tools (harness/cli.py): (module, arguments, what stderr must hold). Each stops before
-# any engine is started or file written, with exit status 2.
+def test_a_bad_config_leaves_nothing_in_results(tmp_path):
+    """`python run.py` with its default run directory (results/runs/<time>/ under the current directory):
+    a bad value, and a misspelt key with the key it likely meant."""
+    for args, expected in [(["cluster.num_engines=0"], "cluster.num_engines=0 is invalid; allowed: an integer >= 1"),
+                           (["+cluster.num_engine=4"], "cluster.num_engine=4 is invalid; did you mean "
+                                                        "cluster.num_engines? allowed: one of")]:
+        res = subprocess.run([sys.executable, str(ROOT / "run.py"), *SMALL, *args], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 1, res.stderr[-3000:]
+        assert expected in res.stderr and "Nothing was run or written" in res.stderr, res.stderr[-3000:]
+        assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+        assert not list(tmp_path.iterdir()), list(tmp_path.rglob("*"))
+
+
+# The tools (harness/cli.py: argparse options, Hydra overrides as KEY=VALUE): (module, arguments, what
+# stderr must hold). Each stops before any engine is started or file written, with exit status 2.
 TOOL_CASES = [
-    ("harness.fidelity", [], "profile=FILE or calibrate=GRID is required"),
-    ("harness.fidelity", ["calibrate=huge"], "calibrate='huge' is invalid; allowed: full, quick"),
-    ("harness.fidelity", ["calibrate=quick", "profile=p.json"], "profile='p.json' is invalid with calibrate="),
-    ("harness.fidelity", ["profile=p.json", "seed=x"], "seed='x' is invalid; allowed: an integer >= 0"),
-    ("harness.fidelity", ["calibrate=quick", "contended=q.json"], "contended='q.json' is invalid with calibrate="),
-    ("harness.fidelity", ["profile=p.json", "contended=q.json"],
-     "contended='q.json' is invalid; allowed: an existing profile file"),
-    ("harness.perf.calibrate", ["grid=huge"], "grid='huge' is invalid; allowed: full, quick"),
-    ("harness.perf.calibrate", ["engines=0"], "engines='0' is invalid; allowed: an integer >= 1"),
-    ("harness.perf.calibrate", ["contended=maybe"], "contended='maybe' is invalid; allowed: true, false"),
+    ("harness.fidelity", [], "--profile FILE or --calibrate GRID is required"),
+    ("harness.fidelity", ["--calibrate", "huge"], "argument --calibrate: invalid choice: 'huge'"),
+    ("harness.fidelity", ["--calibrate", "quick", "--profile", "p.json"], "--profile='p.json' is invalid with --calibrate"),
+    ("harness.fidelity", ["--profile", "p.json", "--seed", "x"], "argument --seed: invalid int value: 'x'"),
+    ("harness.fidelity", ["--profile", "p.json", "--seed", "-1"], "--seed=-1 is invalid; allowed: an integer >= 0"),
+    ("harness.fidelity", ["--calibrate", "quick", "--contended", "q.json"], "--contended='q.json' is invalid with --calibrate"),
+    ("harness.fidelity", ["--profile", "p.json", "--contended", "q.json"],
+     "--contended='q.json' is invalid; allowed: an existing profile file"),
+    # The older key=value style of a tool's own keys, and an argument that is neither.
+    ("harness.fidelity", ["profile=p.json"], "'profile=p.json' is an option of this tool: --profile p.json"),
+    ("harness.fidelity", ["seed=3", "--profile", "p.json"], "'seed=3' is an option of this tool: --seed 3"),
+    ("harness.perf.calibrate", ["quick"], "'quick' is not an override; allowed: KEY=VALUE"),
+    ("harness.perf.calibrate", ["--grid", "huge"], "argument --grid: invalid choice: 'huge'"),
+    ("harness.perf.calibrate", ["--engines", "0"], "--engines=0 is invalid; allowed: an integer >= 1"),
+    ("harness.perf.calibrate", ["--contended", "maybe"], "'maybe' is not an override"),
     # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
     ("harness.perf.calibrate", ["bogus=1"], "harness.perf.calibrate: error: Could not override 'bogus'."),
     ("harness.perf.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
-    ("harness.fidelity", ["profile=missing.json"], "No such file or directory: 'missing.json'"),
+    ("harness.fidelity", ["--profile", "missing.json"], "No such file or directory: 'missing.json'"),
     ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
     ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
     ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),
+    ("workloads.card", ["+workload.batchsize=1"], "error: workload.batchsize=1 is invalid; did you mean workload.batch_size?"),
     ("workloads.card", ["workload=trace", "workload.path=missing.jsonl"], "error: missing.jsonl: no such trace file"),
     ("workloads.card", ["--samples", "0"], "error: --samples=0 --steps=1 is invalid; allowed: integers >= 1"),
+    ("harness.report", ["missing_dir"], "error: not a directory: missing_dir"),
 ]
 
 
 @pytest.mark.parametrize("module,args,expected", TOOL_CASES, ids=[f"{m}:{' '.join(a) or 'none'}" for m, a, _ in TOOL_CASES])
 def test_tool_rejects_with_the_key_named_no_traceback(tmp_path, module, args, expected):
     res = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *PYTHONPATH])})
     assert res.returncode == 2, res.stderr[-3000:]
     assert expected in res.stderr and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    assert res.stderr.startswith("usage: "), res.stderr[-3000:]      # argparse's usage, then the one line
     assert not list(tmp_path.iterdir())
 
 
@@ -412,7 +435,8 @@ USER_BASELINE_CASES = [
     ({"enabled": "maybe"}, "policy.enabled='maybe' is invalid; allowed: true, false"),
     ({"label": 5}, "policy.label=5 is invalid; allowed: a string"),
     ({"engines": [1, "x"]}, "policy.engines[1]='x' is invalid; allowed: an integer"),
-    ({"thresold": 4}, "policy.thresold=4 is invalid; allowed: one of threshold, ratio, enabled, label, engines"),
+    ({"thresold": 4}, "policy.thresold=4 is invalid; did you mean policy.threshold? allowed: one of threshold, ratio, "
+                      "enabled, label, engines"),
 ]
 
 

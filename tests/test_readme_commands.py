@@ -34,7 +34,7 @@ def commands() -> list[tuple[str, str]]:
 def sweeps(args: list[str]) -> list[list[str]]:
     """The override lists a command composes: the first value of every sweep, then each other value
     of each sweep in turn."""
-    args = [a for a in args if a not in ("-m", "--multirun", "...") and not a.startswith("hydra.")]
+    args = [a for a in args if a not in ("-m", "--multirun", "--help", "-h", "...") and not a.startswith("hydra.")]
     firsts = [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] if "," in a.split("=", 1)[-1]
               and not a.split("=", 1)[-1].startswith("[") else a for a in args]
     out = [firsts]

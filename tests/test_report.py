@@ -12,7 +12,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from harness.figure_style import MAX_WIDTH_IN, MUTED, policy_color, policy_order
+from harness.figure_style import COLORS, LOOKS, MAX_WIDTH_IN, MUTED, ROLE_COLORS, policy_color, policy_order
 from harness.report import Figures, find_runs, main, runs_frame, speedup_table, speedups
 
 
@@ -204,14 +204,25 @@ def test_runs_without_timeseries_or_baseline_still_report(tmp_path):
 
 # --- figures ---------------------------------------------------------------------------------------
 def record_figures(monkeypatch) -> dict:
-    """What each figure the report saves shows, by file name: its axes, text and line colours."""
+    """What each figure the report saves shows, by file name: its axes, text (titles, tick labels), title
+    lines, legend entries, each line's colour and style (by label), and the window extents of every axis's
+    tick labels (drawn)."""
     figures = {}
     save = Figures.save
 
     def record(self, fig, name):
-        text = [fig.get_suptitle()] + [t for a in fig.axes for t in [a.get_title(), *map(str, a.get_xticklabels())]]
-        figures[name] = {"axes": fig.axes, "text": " ".join(text),
-                         "colors": {line.get_label(): line.get_color() for a in fig.axes for line in a.get_lines()}}
+        fig.canvas.draw()
+        titles = [fig.get_suptitle()] + [a.get_title() for a in fig.axes]
+        ticks = [t for a in fig.axes for t in [*a.get_xticklabels(), *a.get_yticklabels()]]
+        lines = [line for a in fig.axes for line in a.get_lines() if not line.get_label().startswith("_")]
+        figures[name] = {"axes": fig.axes, "text": " ".join([*titles, *map(str, ticks)]),
+                         "titles": [t for t in titles if t],
+                         "legend": [t.get_text() for lg in fig.legends for t in lg.get_texts()],
+                         "colors": {line.get_label(): line.get_color() for line in lines},
+                         "markers": {line.get_label(): line.get_marker() for line in lines},
+                         "tick_boxes": [[t.get_window_extent() for t in [*a.get_xticklabels(), *a.get_yticklabels()]
+                                         if t.get_text()] for a in fig.axes],
+                         "rotations": {t.get_rotation() for t in ticks if t.get_text()}}
         save(self, fig, name)
 
     monkeypatch.setattr(Figures, "save", record)
@@ -253,11 +264,11 @@ def test_policy_order_and_colours_are_fixed(tmp_path, six, monkeypatch):
     make_run(tmp_path, "colocate", "colocate", 100.0, experiment="search_exp")
     drawn = record_figures(monkeypatch)
     main([str(tmp_path)])
-    two = drawn["completion_cdf_search_sync_dense_h100"]["colors"]
-    six_colors = six[1]["completion_cdf_search_sync_dense_h100"]["colors"]
+    two = drawn["completion_cdf_search_exp_sync_dense_h100"]["colors"]
+    six_colors = six[1]["completion_cdf_search_exp_sync_dense_h100"]["colors"]
     assert six_colors["prorsa"] == two["prorsa"] == policy_color("prorsa")
     assert six_colors["colocate"] == two["colocate"] == policy_color("colocate")
-    assert six_colors["fixed_pd[num_prefill=4] (best)"] == policy_color("best_fixed")   # the best split highlighted
+    assert six_colors["fixed_pd[num_prefill=4] (best split)"] == policy_color("best_fixed")   # the best split highlighted
     # The table's columns follow the same order.
     header = (six[0] / "speedup.md").read_text().split("## Rollout-time speedup")[1].splitlines()[2]
     assert header.index("| colocate |") < header.index("| best_fixed |") < header.index("| prorsa |") \
@@ -269,8 +280,8 @@ def test_every_figure_is_png_and_pdf_at_a_printable_width(six):
     figures = root / "figures"
     written = sorted(p.name for p in figures.iterdir())
     assert written == sorted(f"{stem}.{ext}" for stem in drawn for ext in ("png", "pdf"))
-    assert set(drawn) == {"demand_search_sync_dense_h100", "completion_cdf_search_sync_dense_h100",
-                          "makespan_vs_pd_search_sync_dense_h100", "prorsa_timeline_search_sync_dense_h100",
+    assert set(drawn) == {"demand_search_exp_sync_dense_h100", "completion_cdf_search_exp_sync_dense_h100",
+                          "makespan_vs_pd_search_exp_sync_dense_h100", "prorsa_timeline_search_exp_sync_dense_h100",
                           "speedup_bars"}
     for stem in drawn:
         with Image.open(figures / f"{stem}.png") as image:
@@ -286,21 +297,22 @@ def test_every_figure_is_png_and_pdf_at_a_printable_width(six):
 
 def test_demand_figure_has_at_most_four_rows_on_shared_axes(six):
     """Six policies ran; the demand figure shows colocate, the best split, prorsa and oracle_pd."""
-    axes = six[1]["demand_search_sync_dense_h100"]["axes"]
+    axes = six[1]["demand_search_exp_sync_dense_h100"]["axes"]
     assert axes[0].get_gridspec().nrows == 4 and len(axes) == 4 * 3
     assert [a.get_ylabel().split("\n")[0] for a in axes[::3]] == ["colocate", "fixed_pd", "prorsa", "oracle_pd"]
-    assert "num_prefill=4" in axes[3].get_ylabel() and "(best)" in axes[3].get_ylabel()
+    assert "num_prefill=4" in axes[3].get_ylabel() and "(best split)" in axes[3].get_ylabel()
     assert all(axes[0].get_shared_x_axes().joined(axes[0], a) for a in axes)
     assert all(axes[col].get_shared_y_axes().joined(axes[col], axes[col + 9]) for col in range(3))
 
 
 def test_prorsa_timeline_marks_switches_and_forecast(six):
-    timeline = six[1]["prorsa_timeline_search_sync_dense_h100"]
+    timeline = six[1]["prorsa_timeline_search_exp_sync_dense_h100"]
     assert len(timeline["axes"]) == 3                    # engines, prefill and decode forecast vs actual
     assert {"actual", "forecast (next bin)"} <= set(timeline["colors"])
     switches = [line for line in timeline["axes"][0].get_lines() if list(line.get_xdata()) == [1.0, 1.0]]
     assert len(switches) == 1                           # the decision at t=1 s; the one at 0 is the start
     assert "2 engine role switches" in timeline["text"]
+    assert timeline["legend"].count("role switch") == 1 and "(dotted)" not in timeline["text"]
 
 
 def test_report_logs_its_table_and_figures_to_wandb(sweep, monkeypatch):
@@ -413,3 +425,103 @@ def test_sync_runs_write_no_serve_table(sweep):
     main([str(sweep)])
     assert not (sweep / "serve.csv").exists()
     assert "Serving benchmark" not in (sweep / "speedup.md").read_text()
+
+
+def test_report_prints_its_speedup_table(sweep, capsys):
+    main([str(sweep)])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("Rollout-time speedup over colocate"))
+    columns = lines[head + 1].split()
+    assert columns[:3] == ["workload", "mode", "cluster"] and "best_fixed" in columns and "hindsight_best" in columns
+    sync = next(line for line in lines[head + 2:] if " sync " in line)
+    assert sync.split()[:3] == ["search", "sync", "dense_h100"] and "4.00 ± 0.00 (n=2)" in sync
+    assert any(line.startswith("Efficiency: lower_bound_s / rollout_time_s") for line in lines)
+
+
+def test_a_row_has_one_name_in_the_table_and_the_figures(tmp_path, monkeypatch):
+    """A row whose runs name an experiment is called by it in speedup.md as in the figures' titles."""
+    make_run(tmp_path, "colocate", "colocate", 100.0, workload="synthetic", experiment="heavy_prefill")
+    make_run(tmp_path, "prorsa", "prorsa", 60.0, workload="synthetic", experiment="heavy_prefill")
+    drawn = record_figures(monkeypatch)
+    main([str(tmp_path)])
+    md = (tmp_path / "speedup.md").read_text()
+    assert "| heavy_prefill | sync |" in md and "| synthetic |" not in md
+    for name, fig in drawn.items():
+        assert "heavy_prefill" in fig["text"] and "synthetic" not in fig["text"], name
+
+
+# --- figure flaws a reader meets: greyscale, palettes, legends, labels, titles --------------------
+def test_policies_stay_apart_in_greyscale_and_where_curves_coincide(six):
+    """Each policy's curve has its own marker and line style, each bar its own hatch."""
+    markers = six[1]["completion_cdf_search_exp_sync_dense_h100"]["markers"]
+    assert len(markers) == 6 and len(set(markers.values())) == len(markers), markers
+    from matplotlib.container import BarContainer
+    hatches = [c.patches[0].get_hatch() for c in six[1]["speedup_bars"]["axes"][0].containers
+               if isinstance(c, BarContainer)]
+    assert len(hatches) >= 4 and all(hatches) and len(set(hatches)) == len(hatches), hatches
+    looks = [(str(look.linestyle), look.marker, look.hatch) for look in LOOKS.values()]
+    assert all(len({x[i] for x in looks}) == len(looks) for i in range(3)), looks
+
+
+def test_role_colours_are_no_policy_colours_and_the_two_bests_differ():
+    from matplotlib.colors import to_rgb
+    assert not set(ROLE_COLORS.values()) & {look.color for look in LOOKS.values()}
+    assert COLORS["best_fixed"] != COLORS["hindsight_best"]
+    grey = {name: sum(w * c for w, c in zip((0.299, 0.587, 0.114), to_rgb(color))) for name, color in ROLE_COLORS.items()}
+    assert abs(grey["prefill"] - grey["decode"]) > 0.3        # prefill and decode apart in greyscale too
+
+
+def test_legends_name_only_what_is_drawn(six):
+    """Every hand-made run is colocated throughout: no prefill, decode or switching entry."""
+    assert six[1]["demand_search_exp_sync_dense_h100"]["legend"] == ["colocated"]
+    assert six[1]["prorsa_timeline_search_exp_sync_dense_h100"]["legend"] == [
+        "colocated", "role switch", "actual", "forecast (next bin)"]
+
+
+def test_best_split_only_for_the_best_of_two_or_more(six, tmp_path, monkeypatch):
+    assert "best split (4:4)" in six[1]["makespan_vs_pd_search_exp_sync_dense_h100"]["legend"]
+    make_run(tmp_path, "colocate", "colocate", 100.0)
+    make_run(tmp_path, "pd2", "fixed_pd", 120.0, num_prefill=2)      # the only split, slower than colocation
+    make_run(tmp_path, "prorsa", "prorsa", 90.0)
+    drawn = record_figures(monkeypatch)
+    main([str(tmp_path)])
+    for name, fig in drawn.items():
+        shown = fig["text"] + " ".join(fig["legend"]) + " ".join(a.get_ylabel() for a in fig["axes"])
+        assert "best" not in shown.replace("best_fixed", ""), (name, shown)
+
+
+def test_titles_have_at_most_two_lines_even_with_a_long_setting(tmp_path, monkeypatch):
+    for seed in (0, 1):
+        for name, policy, rollout in [("colocate", "colocate", 100.0), ("prorsa", "prorsa", 80.0)]:
+            for i, mechanism in enumerate(["kv_both", "drain"]):
+                make_run(tmp_path, f"{name}_{i}_s{seed}", policy, rollout + i, seed,
+                         cluster={"switch_mechanism": mechanism, "switch_time_s": 10.0 + i,
+                                  "kv_transfer_setup_s": 0.001 * i, "router_balance_rel": 1.0 + i})
+    drawn = record_figures(monkeypatch)
+    main([str(tmp_path)])
+    assert len(drawn) >= 5
+    for name, fig in drawn.items():
+        assert all(title.count("\n") <= 1 for title in fig["titles"]), (name, fig["titles"])
+
+
+def test_tick_labels_never_collide_with_many_rows(tmp_path, monkeypatch):
+    """The speedup bars of sixteen rows (the committed ones had eight, rotated and overprinting)."""
+    import matplotlib.pyplot as plt
+    from harness.figure_style import rc
+    workloads = ["search", "search_long", "swe", "tooluse", "browse", "reasoning", "mix_reason_browse", "synthetic"]
+    for w in workloads:
+        for mode in ("sync", "async"):
+            make_run(tmp_path, f"colocate_{w}_{mode}", "colocate", 100.0, workload=w, mode=mode, timeseries=False)
+            make_run(tmp_path, f"prorsa_{w}_{mode}", "prorsa", 90.0, workload=w, mode=mode, timeseries=False)
+    drawn = record_figures(monkeypatch)
+    figures = Figures(runs_frame(find_runs([tmp_path])), tmp_path / "figures")
+    figures.out.mkdir()
+    with plt.rc_context(rc()):
+        figures.speedup_bars()
+    bars = drawn["speedup_bars"]
+    assert bars["rotations"] == {0.0}
+    for boxes in bars["tick_boxes"]:
+        for i, a in enumerate(boxes):
+            assert not any(a.overlaps(b) for b in boxes[i + 1:]), "tick labels overlap"
+    assert len(bars["tick_boxes"][0]) >= 2 * len(workloads)

@@ -50,7 +50,7 @@ def snapshot(d: Path) -> dict[str, int]:
 
 
 def run(cwd: Path, args: list[str], full: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "FULL": full, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "FULL": full, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-c", RUNNER, str(ROOT), *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env=env)
 

@@ -112,3 +112,21 @@ def test_descriptions():
 def test_an_unknown_target_has_no_schema():
     assert schema.schema_for("policy", {"_target_": "my_lab.MyPolicy"}) is None
     assert not schema.check_group("policy", {"_target_": "my_lab.MyPolicy", "x": 1})
+
+
+@pytest.mark.parametrize("key,suggested", [("sigam", "w.sigma"), ("Median", "w.median"), ("hihg", "w.high"),
+                                           ("mu", None), ("tool_latency", None)])
+def test_a_misspelt_key_names_the_key_it_likely_meant(key, suggested):
+    with pytest.raises(ValueError) as e:
+        schema.check({"median": 1, "sigma": 0, key: 3}, schema.LogNormalSchema, "w")
+    hint = f"w.{key}=3 is invalid; did you mean {suggested}? allowed: one of high, median, sigma"
+    assert str(e.value) == (hint if suggested else f"w.{key}=3 is invalid; allowed: one of high, median, sigma")
+
+
+def test_a_misspelt_key_in_a_nested_node_is_named_with_its_path():
+    cluster = OmegaConf.to_container(load_config([]).cluster, resolve=True)
+    cluster["parallelism"]["prefill"]["tpp"] = 2
+    with pytest.raises(ValueError) as e:
+        schema.check_group("cluster", cluster)
+    assert str(e.value).startswith("cluster.parallelism.prefill.tpp=2 is invalid; did you mean "
+                                   "cluster.parallelism.prefill.tp? allowed: one of dp, ep, tp")

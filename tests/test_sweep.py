@@ -39,7 +39,7 @@ def test_failed_job_reported_others_run_and_rerun_skips_complete(tmp_path):
     assert "1 job(s) of the sweep" in first.stderr and "policy.num_prefill=0 is invalid" in first.stderr
     assert "Traceback" not in first.stderr, "a validation error is one line, not a traceback"
     assert (good / "summary.json").exists() and not (good / "error.json").exists()
-    assert "simulated" in first.stdout and "trajectories 0/8" in first.stdout   # progress lines
+    assert "simulated" in first.stdout and "0/8 trajectories (0%)" in first.stdout   # progress lines
 
     summary_mtime = (good / "summary.json").stat().st_mtime_ns
     os.utime(bad / "error.json", ns=(0, 0))
@@ -72,10 +72,15 @@ def test_a_type_error_fails_its_job_only(tmp_path):
 
 
 def test_single_run_validation_error_is_one_line_naming_the_key(tmp_path):
-    res = run_py(f"hydra.run.dir={tmp_path}", *SMALL, "policy=fixed_pd", "policy.num_prefill=9")
+    """Found by the policy's start plan (the split against the cluster's engines), after Hydra made the run
+    directory: the directory goes; one that existed before keeps the record of the failure (error.json)."""
+    res = run_py(f"hydra.run.dir={tmp_path / 'new'}", *SMALL, "policy=fixed_pd", "policy.num_prefill=9")
     assert res.returncode == 1
     assert "policy.num_prefill=9 is invalid; allowed: an integer in [1, 7]" in res.stderr
     assert "Traceback" not in res.stderr
+    assert not (tmp_path / "new").exists()
+    res = run_py(f"hydra.run.dir={tmp_path}", *SMALL, "policy=fixed_pd", "policy.num_prefill=9")
+    assert res.returncode == 1 and "policy.num_prefill=9 is invalid" in res.stderr
     assert (tmp_path / "error.json").exists() and not (tmp_path / "summary.json").exists()
 
 

@@ -1,7 +1,7 @@
 """A workload's card: its generated statistics beside the published ones, and a figure.
 
-    python -m workloads.card workload=swe [hydra overrides] [--samples N] [--out DIR]
-                             [--export FILE --steps S]
+    python -m workloads.card workload=swe [KEY=VALUE ...] [--samples N] [--out DIR]
+                             [--export FILE --steps S]     (or prorsa-card)
 
 Draws RL steps until at least N trajectories (default 4000), prints one row per published figure
 in the YAML's `targets` (generated, published, tolerance, ok; tolerances in workloads/stats.py) and
@@ -10,14 +10,12 @@ results/cards). `--export FILE` also writes the first S steps (default 1) as a J
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from harness.cli import BAD_INPUT, tool_error
+from harness import cli
 from harness.trajectory import TrajectoryScript
 from workloads.stats import METRICS, compare, metric_values, statistic
 from workloads.trace import export_trace
@@ -62,43 +60,59 @@ def tables(labelled: list[tuple[TrajectoryScript, str]], targets: dict) -> str:
     return "\n".join(lines)
 
 
-def figure(labelled: list[tuple[TrajectoryScript, str]], title: str, path: Path) -> None:
-    """Histograms (log x) of every metric; matplotlib is imported here so the harness does not need it."""
+# Each metric's axes: the unit of one value (x, log scale) and what is counted (y).
+AXES = {"turns": ("turns per trajectory", "trajectories"),
+        "prompt_tokens": ("tokens (first prompt)", "trajectories"),
+        "output_tokens": ("tokens per turn", "turns"),
+        "tool_output_tokens": ("tokens per turn", "turns"),
+        "tool_latency_s": ("seconds per call", "tool calls"),
+        "generated_tokens": ("tokens per trajectory", "trajectories"),
+        "total_tokens": ("tokens per trajectory", "trajectories")}
+
+
+def figure(labelled: list[tuple[TrajectoryScript, str]], name: str, path: Path) -> None:
+    """Histograms (log x) of every metric, in the report's style (harness/figure_style.py); matplotlib is
+    imported here so that drawing trajectories does not need it."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
+    from harness.figure_style import PAGE_IN, rc
     scripts = [s for s, _ in labelled]
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7))
-    for ax, metric in zip(axes.flat, METRICS):
-        values = metric_values(scripts, metric)
-        values = values[values > 0]
-        if len(values):
-            bins = np.geomspace(values.min(), values.max() * 1.001, 40) if values.max() > values.min() else 10
-            ax.hist(values, bins=bins)
-            ax.set_xscale("log")
-        ax.set_title(metric)
-    axes.flat[-1].axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with plt.rc_context(rc()):
+        fig, axes = plt.subplots(2, 4, figsize=(PAGE_IN, 3.8), layout="constrained")
+        for ax, metric in zip(axes.flat, METRICS):
+            values = metric_values(scripts, metric)
+            values = values[values > 0]
+            if len(values):
+                bins = np.geomspace(values.min(), values.max() * 1.001, 30) if values.max() > values.min() else 10
+                ax.hist(values, bins=bins, color="#4C72B0")
+                ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())   # 2x10^3 beside 3x10^3 collides
+            ax.set_title(metric)
+            ax.set_xlabel(AXES[metric][0])
+            ax.set_ylabel(AXES[metric][1])
+        axes.flat[-1].axis("off")
+        fig.suptitle(f"Workload card: {name}\n{len(scripts)} trajectories, {sum(len(s.turns) for s in scripts)} turns")
+        fig.savefig(path)
+        plt.close(fig)
 
 
-def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=4000)
-    p.add_argument("--out", default="results/cards")
-    p.add_argument("--export", default=None, help="also write the first --steps steps as a JSONL trace")
-    p.add_argument("--steps", type=int, default=1)
+def main(argv: list[str] | None = None) -> None:
+    p = cli.parser("workloads.card", __doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=4000, help="trajectories drawn at least (default: %(default)s)")
+    p.add_argument("--out", default="results/cards", metavar="DIR", help="default: %(default)s")
+    p.add_argument("--export", default=None, metavar="FILE", help="also write the first --steps steps as a JSONL trace")
+    p.add_argument("--steps", type=int, default=1, help="default: %(default)s")
     p.add_argument("--no-figure", action="store_true")
-    args, overrides = p.parse_known_args(argv)
+    cli.run_tool(p, _main, argv)
+
+
+def _main(args) -> None:
     if args.samples < 1 or args.steps < 1:
-        p.error(f"--samples={args.samples} --steps={args.steps} is invalid; allowed: integers >= 1")
-    try:
-        workload = build(overrides)
-    except BAD_INPUT as exc:
-        p.error(tool_error(exc))
+        raise ValueError(f"--samples={args.samples} --steps={args.steps} is invalid; allowed: integers >= 1")
+    workload = build(args.overrides)
     labelled = draw(workload, args.samples)
     text = f"# Workload card: {workload.name}\n\n" + tables(labelled, getattr(workload, "targets", {}))
     print(text)
@@ -106,7 +120,7 @@ def main(argv: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{workload.name}.md").write_text(text + "\n")
     if not args.no_figure:
-        figure(labelled, f"{workload.name}: {len(labelled)} trajectories", out / f"{workload.name}.png")
+        figure(labelled, workload.name, out / f"{workload.name}.png")
     print(f"\nwrote {out / workload.name}.md" + ("" if args.no_figure else f" and {out / workload.name}.png"))
     if args.export:
         n = export_trace(workload, args.steps, args.export)
@@ -114,4 +128,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

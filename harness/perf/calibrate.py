@@ -6,7 +6,7 @@ module measures a running vLLM server's step times and writes them as the profil
 of the roofline model's efficiencies and overheads (`fit_roofline`) to the same data.
 
     python -m harness.perf.calibrate backend=vllm_cpu backend.python=.venv-engines/bin/python \
-        out=results/calibration/vllm_cpu.json [grid=quick]
+        --out results/calibration/vllm_cpu.json [--grid quick]
 
 What is measured (every request is a unique random prompt of token ids, `ignore_eos` + `max_tokens`):
 - prefill: one request of `new` fresh tokens after a cached prefix of `cached` tokens, max_tokens 1,
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.cli import run_tool, split_args
+from harness import cli
 from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.profiled import fit_profile
@@ -571,25 +571,19 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
 
 
 # --- command line ---------------------------------------------------------------------------------
-USAGE = """usage: python -m harness.perf.calibrate [out=FILE] [grid=full|quick] [engines=N] [contended=false|true]
-                                        [HYDRA OVERRIDES ...]     (e.g. backend=vllm_cpu)
-       python -m harness.perf.calibrate refit=FILE               recompute the fits of a profile
-Measures prefill and decode step times on real engines and writes a profile the simulator's profiled
-cost model reads (module docstring: harness/perf/calibrate.py)."""
-
-
-def parse_args(argv: list[str]) -> tuple[dict, list[str]]:
-    """`key=value` of this tool (out, grid, engines, contended, refit) and the rest as Hydra overrides of
-    configs/config.yaml."""
-    own, rest = split_args(argv, {"out": "results/calibration/profile.json", "grid": "full", "engines": "2",
-                                  "contended": "false", "refit": ""}, USAGE)
-    if own["grid"] not in GRIDS:
-        raise ValueError(f"grid={own['grid']!r} is invalid; allowed: {', '.join(GRIDS)}")
-    if not own["engines"].isdigit() or int(own["engines"]) < 1:
-        raise ValueError(f"engines={own['engines']!r} is invalid; allowed: an integer >= 1")
-    if own["contended"].lower() not in ("1", "0", "true", "false", "yes", "no"):
-        raise ValueError(f"contended={own['contended']!r} is invalid; allowed: true, false")
-    return own, rest
+def parser():
+    p = cli.parser("harness.perf.calibrate", "Measures prefill and decode step times on real engines and writes "
+                   "a profile the simulator's profiled cost model reads (module docstring: "
+                   "harness/perf/calibrate.py).")
+    p.epilog = "examples:\n  %(prog)s --out results/calibration/vllm_cpu.json backend=vllm_cpu\n" \
+               "  %(prog)s --refit results/calibration/vllm_cpu.json     recompute the fits of a profile"
+    p.add_argument("--out", default="results/calibration/profile.json", metavar="FILE", help="default: %(default)s")
+    p.add_argument("--grid", choices=sorted(GRIDS), default="full", help="default: %(default)s")
+    p.add_argument("--engines", type=int, default=2, help="default: %(default)s")
+    p.add_argument("--contended", action="store_true",
+                   help="also measure each step while the other engine works (<out stem>_contended.json)")
+    p.add_argument("--refit", metavar="FILE", help="recompute the fits of an existing profile (no engines)")
+    return p
 
 
 def compose_config(overrides: list[str]):
@@ -691,21 +685,21 @@ def refit(path: str, overrides: list[str]) -> dict:
     return p
 
 
-def _main(argv: list[str]) -> None:
-    own, overrides = parse_args(argv)
+def _main(args) -> None:
+    if args.engines < 1:
+        raise ValueError(f"--engines={args.engines} is invalid; allowed: an integer >= 1")
     keys = ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit")
-    if own["refit"]:
-        p = refit(own["refit"], overrides)
+    if args.refit:
+        p = refit(args.refit, args.overrides)
         logger.info(json.dumps({k: p[k] for k in keys}, indent=1, default=float))
         return
-    p = calibrate(overrides, own["out"], GRIDS[own["grid"]], int(own["engines"]),
-                  own["contended"].lower() in ("1", "true", "yes"))
+    p = calibrate(args.overrides, args.out, GRIDS[args.grid], args.engines, args.contended)
     logger.info(json.dumps({k: p[k] for k in (*keys, "contention", "host_path", "api_overhead_s")}, indent=1, default=float))
-    logger.info("wrote %s", own["out"])
+    logger.info("wrote %s", args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_tool(_main, argv, "harness.perf.calibrate")
+    cli.run_tool(parser(), _main, argv)
 
 
 if __name__ == "__main__":

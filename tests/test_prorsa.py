@@ -1277,7 +1277,7 @@ def test_a_migrated_decode_is_known_where_it_went():
              E(K.DECODE_START, 0.3, 5, 0, engine_id=2), E(K.DECODE_MIGRATED, 1.0, 5, 0, engine_id=3)])
     assert t.live[5].engine == 3 and t.live[5].phase == Phase.DECODING
     policy = instantiate(load_config(["policy=prorsa"]).policy)
-    policy.routes[5] = Route(0, 2, 1.5)
+    policy.routes[5], policy._routed_turn[5] = Route(0, 2, 1.5), 0     # as Prorsa.route sets them
     policy.observe(E(K.DECODE_MIGRATED, 1.0, 5, 0, engine_id=3, tokens=100, extra_tokens=7))
     assert policy.routes[5] == Route(0, 3, 1.5)
 

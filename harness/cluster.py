@@ -6,6 +6,7 @@ so a wrong value stops the run before anything is simulated.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,17 +121,9 @@ def cluster_from_config(c: dict) -> ClusterConfig:
     if c.get("migrate_decodes_on_switch"):
         _require(c.get("switch_mechanism", "reshard") == "kv_both", "migrate_decodes_on_switch", True,
                  "false unless cluster.switch_mechanism=kv_both (drain and reshard empty the engine first)")
-    perf = dict(perf_defaults())
-    for key, v in dict(c.get("perf") or {}).items():
-        _require(key in perf, f"perf.{key}", v, ", ".join(perf))
-        if key in _EFFICIENCIES:
-            _require(is_number(v) and v > 0, f"perf.{key}", v, "a number > 0")
-        else:
-            _require(is_number(v) and v >= 0, f"perf.{key}", v, "a number >= 0")
-        perf[key] = v
     return ClusterConfig(
         name=c["name"], gpu=gpu, model=model, num_engines=c["num_engines"],
-        gpus_per_engine=c["gpus_per_engine"], parallelism=par, perf=PerfConstants(**perf),
+        gpus_per_engine=c["gpus_per_engine"], parallelism=par, perf=perf_constants(c.get("perf"), "cluster.perf"),
         memory_fraction=c["memory_fraction"], activation_reserve_bytes=c["activation_reserve_bytes"],
         max_num_batched_tokens=c["max_num_batched_tokens"], max_num_seqs=c["max_num_seqs"],
         kv_transfer_setup_s=c["kv_transfer_setup_s"], switch_time_s=c["switch_time_s"],
@@ -145,6 +138,22 @@ _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixe
              "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
              "switch_mechanism", "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests",
              "router_balance_rel", "prefill_time_scale", "decode_time_scale")
+
+
+def perf_constants(overrides: Mapping[str, Any] | None, where: str) -> PerfConstants:
+    """configs/catalogue/perf.yaml's cost-model constants with a config's `overrides` (the node at `where`:
+    cluster.perf, or a planning model's), each a known name and a number in its range, or a ValueError
+    naming it."""
+    perf = dict(perf_defaults())
+    for key, v in dict(overrides or {}).items():
+        if key not in perf:
+            raise ValueError(f"{where}.{key}={v!r} is invalid; allowed: {', '.join(perf)}")
+        if key in _EFFICIENCIES and not (is_number(v) and v > 0):
+            raise ValueError(f"{where}.{key}={v!r} is invalid; allowed: a number > 0")
+        if key not in _EFFICIENCIES and not (is_number(v) and v >= 0):
+            raise ValueError(f"{where}.{key}={v!r} is invalid; allowed: a number >= 0")
+        perf[key] = v
+    return PerfConstants(**perf)
 
 
 def switch_delay_s(cluster: ClusterConfig, reshard: bool) -> float:

@@ -15,10 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from harness.api import FamilyPriors, LogNormalPrior, RunInfo
-from harness.cluster import ClusterConfig
-from harness.perf.catalogue import perf_defaults
+from harness.cluster import ClusterConfig, perf_constants
 from harness.perf.profiled import fit_profile
-from harness.perf.roofline import PerfConstants
 
 PRIORS = ("workload", "none")
 
@@ -49,7 +47,7 @@ class PlanningModel:
         profile = self.profile if self.profile is not None else world.profile
         if cost_model == "profiled":
             _check_profile(profile)
-        perf = world.perf if self.perf is None else PerfConstants(**{**perf_defaults(), **_perf(self.perf)})
+        perf = world.perf if self.perf is None else perf_constants(self.perf, "policy.model.perf")
         return replace(world, cost_model=cost_model, profile=profile, perf=perf, contended_profile=None,
                        prefill_time_scale=_own(self.prefill_scale, world.prefill_time_scale),
                        decode_time_scale=_own(self.decode_scale, world.decode_time_scale))
@@ -57,14 +55,6 @@ class PlanningModel:
 
 def _own(value: float | None, world: float) -> float:
     return world if value is None else value
-
-
-def _perf(values: Mapping[str, float]) -> dict[str, float]:
-    known = perf_defaults()
-    for k, v in values.items():
-        if k not in known:
-            raise ValueError(f"policy.model.perf.{k}={v!r} is invalid; allowed: one of {', '.join(known)}")
-    return dict(values)
 
 
 def _check_profile(path: str | None) -> None:

@@ -18,8 +18,6 @@ from harness.api import FamilyPriors, LogNormalPrior, RunInfo
 from harness.cluster import ClusterConfig, perf_constants
 from harness.perf.profiled import fit_profile
 
-PRIORS = ("workload", "none")
-
 # The neutral prior: one wide lognormal per quantity, the same for every family, at the order of
 # magnitude of an agent turn (a few thousand prompt tokens, hundreds of output tokens, seconds of tool
 # call, a handful of turns). sigma 1.0 spans 0.14x-7x of the median at 95%: a belief that says little.

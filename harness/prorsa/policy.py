@@ -35,7 +35,7 @@ import numpy as np
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model, is_number
 from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.model import PRIORS, PlanningModel, with_priors
+from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
@@ -92,8 +92,6 @@ class Prorsa:
         if not (plan_latency == "model" or (is_number(plan_latency) and plan_latency >= 0)):
             raise ValueError(f"policy.plan_latency={plan_latency!r} is invalid; allowed: model, or a number of "
                              "seconds >= 0")
-        if priors not in PRIORS:
-            raise ValueError(f"policy.priors={priors!r} is invalid; allowed: {', '.join(PRIORS)}")
         self.plan_latency, self.plan_events_per_s = plan_latency, plan_events_per_s
         self.model, self.priors = PlanningModel.of(model), priors
         self._planned_events: int | None = None   # what-if events of the last `plan` call's plan (None: none made)

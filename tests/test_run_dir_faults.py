@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,20 +104,27 @@ def test_a_sweep_directory_name_with_dots_inside_it_is_fine(tmp_path, user_dir):
     assert [j.split(",")[0] for j in jobs] == ["cluster.name=../c", "cluster.name=a..b"], jobs
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
-def test_a_read_only_run_directory_is_refused(tmp_path, user_dir):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)]).returncode:
+@contextmanager
+def tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A 64 KiB tmpfs mounted at `path` (with `options`) for the block, unmounted after; the test is skipped
+    where none can be mounted."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=64k{options}", "tmpfs", str(path)]).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_a_read_only_run_directory_is_refused(tmp_path, user_dir):
+    with tmpfs(tmp_path / "ro", ",ro") as ro:
         for args, key in ([f"hydra.run.dir={ro / 'run'}"], "hydra.run.dir"), (["-m", f"hydra.sweep.dir={ro}", "seed=0,1"],
                                                                              "hydra.sweep.dir"):
             res = run(user_dir, [*args, *SMALL])
             assert res.returncode == 1 and f"{key}=" in res.stderr and "is read-only" in res.stderr, res.stderr
             assert "Traceback" not in res.stdout + res.stderr
-    finally:
-        subprocess.run(["umount", str(ro)], check=True)
 
 
 def test_a_full_disk_names_the_directory_and_what_was_written(tmp_path, user_dir):
@@ -154,19 +163,13 @@ def test_a_full_disk_in_a_sweep_goes_on_to_the_next_job(tmp_path, user_dir):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_a_real_full_tmpfs(tmp_path, user_dir):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path / "disk", "") as disk:
         res = run(user_dir, ["-m", f"hydra.sweep.dir={disk / 'sweep'}", "seed=0,1", "workload.batch_size=64",
                              "workload.group_size=2", "mode.num_steps=1", "logger=none"])
         assert res.returncode == 1, res.stderr[-3000:]
         assert "2 job(s) of the sweep" in res.stderr and "No space left on device" in res.stderr
         assert "Traceback" not in res.stdout + res.stderr
         assert not list(disk.rglob("*.tmp")) and not list(disk.rglob("summary.json"))
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_results_and_summary_are_written_before_the_logger_sees_them(tmp_path, monkeypatch):

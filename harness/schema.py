@@ -319,6 +319,7 @@ class ProrsaSchema:
     placement: str = key(choices=("kv_load", "forecast_work"))
     plan_latency: Any = key(allowed="model, or a number of seconds >= 0")   # checked by Prorsa (a union)
     plan_events_per_s: float = key(gt=0)
+    plan_engines: int = key(ge=2)
     model: PlanningModelSchema = key()
     priors: str = key(choices=("workload", "none"))
     seed: int = key(ge=0)

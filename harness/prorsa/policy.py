@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -37,7 +38,8 @@ from harness.cluster import ClusterConfig, cost_model, is_number
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
-from harness.prorsa.planner import Decision, Planner, future_sampler
+from harness.prorsa.planner import Decision, Planner, decode_left, future_sampler
+from harness.prorsa.slice import ClusterSlice
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
@@ -77,8 +79,8 @@ class Prorsa:
                  max_candidates: int = 8, mix_window: int = 128,
                  confirm_plans: int = 2, check_samples: int = 4, priority: str = "fcfs",
                  mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
-                 plan_events_per_s: float = 85000.0, model: Mapping | None = None, priors: str = "workload",
-                 seed: int = 0, name: str = "prorsa"):
+                 plan_events_per_s: float = 85000.0, plan_engines: int = 32, model: Mapping | None = None,
+                 priors: str = "workload", seed: int = 0, name: str = "prorsa"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -93,6 +95,8 @@ class Prorsa:
             raise ValueError(f"policy.plan_latency={plan_latency!r} is invalid; allowed: model, or a number of "
                              "seconds >= 0")
         self.plan_latency, self.plan_events_per_s = plan_latency, plan_events_per_s
+        self.plan_engines = plan_engines
+        self.slice_share = 1.0   # the share of the cluster a plan simulates (slice.py); 1: the whole cluster
         self.model, self.priors = PlanningModel.of(model), priors
         self._planned_events: int | None = None   # what-if events of the last `plan` call's plan (None: none made)
         self.work = DecodeWork() if placement == "forecast_work" else None   # placement.py
@@ -117,9 +121,12 @@ class Prorsa:
         self.run, self.cluster = run, cluster
         self.balance = Balance.of(cluster)
         planned = self.model.cluster(cluster)   # what the what-if simulates (model.py)
+        if cluster.num_engines > self.plan_engines:   # a slice of it (slice.py)
+            planned = replace(planned, num_engines=self.plan_engines)
+            self.slice_share = self.plan_engines / cluster.num_engines
         whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins,
-                        update_every=run.trajectories_per_step if run.mode == "async" else 0,
-                        total=run.total_trajectories)
+                        update_every=self._scaled(run.trajectories_per_step) if run.mode == "async" else 0,
+                        total=self._scaled(run.total_trajectories))
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
@@ -131,7 +138,7 @@ class Prorsa:
         self._forecast_work_left(self._sampler(0.0))
         self.planner.whatif.placement = self.work
         with nested_runs():
-            split = COLOCATED if self.initial == "colocated" else self._initial_split()
+            split = COLOCATED if self.initial == "colocated" else self._cluster_split(self._initial_split())
         self.decisions.append((0.0, split))
         self._step_split = split              # the allocation planned for the start of the present step
         # and the task mix it was planned for; none for a start hedged over the mixes the run declares:
@@ -147,6 +154,22 @@ class Prorsa:
         # the first step showed (sync; async plans learn as they roll)
         self._start_guessed = self.priors == "none"
         return roles_for(split, cluster.num_engines)
+
+    def _scaled(self, count: int) -> int:
+        """A count of trajectories as a plan samples it: at the slice's share on a sliced cluster."""
+        if self.slice_share == 1.0:
+            return count
+        return max(1, round(count * self.slice_share)) if count > 0 else 0
+
+    def _slice(self, view: ClusterView) -> ClusterSlice | None:
+        """The engines a plan simulates on a cluster bigger than `plan_engines` (None: all of them)."""
+        return ClusterSlice.of(view, self.plan_engines) if self.slice_share < 1.0 else None
+
+    def _cluster_split(self, split: int) -> int:
+        """A split the planner chose (on the slice, if any) as a split of the cluster."""
+        if self.slice_share == 1.0:
+            return split
+        return ClusterSlice(tuple(range(self.plan_engines)), self.cluster.num_engines).split(split)
 
     def observe(self, event: LifecycleEvent) -> None:
         self.tracker.observe(event)
@@ -201,44 +224,64 @@ class Prorsa:
 
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
-        self.planner.whatif.completed = self.tracker.started - len(self.tracker.live)
+        self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
         self.tracker.count_generated(view.now, view.generated_tokens())
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
         self._forecast_work_left(sampler)
+        part = self._slice(view)
+        planned = view if part is None else part.view(view)   # the engines the what-if simulates
+        if part is not None:
+            self.planner.whatif.placement = part.work(self.work) if self.work is not None else None
+        in_flight = self._scaled(self.run.max_in_flight)
         then = None
         if self.use_forecast:
-            futures = sampler.live(view.now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
+            futures = self._live(sampler, view.now, rng, part)
             new = self._new(sampler, rng) if self.run.mode == "async" else []
             hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
             then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
         else:
-            futures, new, hedges = self._present(view.now), [], []
+            futures, new, hedges = self._present(view.now, part), [], []
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
-            outcome = self.planner.whatif.run(futures, [e.role for e in view.engines],
-                                              [e.role for e in view.engines], new, self.run.max_in_flight,
-                                              launched_as=view.launched_roles(), then=then)
+            outcome = self.planner.whatif.run(futures, [e.role for e in planned.engines],
+                                              [e.role for e in planned.engines], new, in_flight,
+                                              launched_as=planned.launched_roles(), then=then)
             self._record(view.now, outcome)
             return None
-        d = self.planner.decide(view, current, futures, new, self.run.max_in_flight, hedges, to_end=self._to_end(),
-                                then=then)
+        at = current_split(planned)
+        if at is None:
+            return None   # the slice is between roles (a switch under way elsewhere)
+        d = self.planner.decide(planned, at, futures, new, in_flight, hedges, to_end=self._to_end(), then=then)
         self._record(view.now, d.current)
         self.plan_scores.append((view.now, d.scores))
-        n = len(view.engines)
+        n = len(planned.engines)
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
-        switch = d.switch and self._checked(view, d, current, sampler, rng)
-        self._wanted = (self._wanted + [d.split])[-self.confirm_plans:] if switch else []
-        if not switch or self._wanted.count(d.split) < self.confirm_plans:
+        target = self._cluster_split(d.split)
+        switch = d.switch and target != current and self._checked(planned, d, at, sampler, rng, part)
+        self._wanted = (self._wanted + [target])[-self.confirm_plans:] if switch else []
+        if not switch or self._wanted.count(target) < self.confirm_plans:
             return None
         self._wanted = []
         self._last_switch = view.now
-        self.decisions.append((view.now, d.split))
-        log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, n),
-                 split_name(d.split, n), d.scores[current], d.scores[d.split])
-        return d.roles
+        self.decisions.append((view.now, target))
+        log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, len(view.engines)),
+                 split_name(target, len(view.engines)), d.scores[at], d.scores[d.split])
+        if part is None:
+            return d.roles
+        left = {part.ids[i]: v for i, v in decode_left(futures).items()}
+        return target_roles(view, target, left)
+
+    def _live(self, sampler: FutureSampler, now: float, rng: np.random.Generator,
+              part: ClusterSlice | None) -> list[FutureTrajectory]:
+        """The sampled futures of the live trajectories a plan simulates (those of the slice, if any)."""
+        if part is None:
+            return sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
+        futures = sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes,
+                               keep=lambda s: part.keeps(s, self.prefix, self.routes))
+        return part.renumbered(futures)
 
     def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler,
-                 rng: np.random.Generator) -> bool:
+                 rng: np.random.Generator, part: ClusterSlice | None) -> bool:
         """Whether the switch a plan wants still beats staying by the hysteresis, by the mean over
         `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough):
         in sync RL, and in async RL when a switch drains or reloads engines (`drain`, `reshard`). With
@@ -251,11 +294,9 @@ class Prorsa:
         async_priced = self.run.mode == "async" and self.cluster.switch_mechanism != "kv_both"
         if not (self.run.mode == "sync" or async_priced) or not self.check_samples or not self.use_forecast:
             return True
-        tpot = self._tpot()
-        samples = [(sampler.live(view.now, self.tracker, self.prefix, tpot, rng, self.routes),
-                    self._new(sampler, rng) if async_priced else [])
+        samples = [(self._live(sampler, view.now, rng, part), self._new(sampler, rng) if async_priced else [])
                    for _ in range(self.check_samples)]
-        stay, move = self.planner.check(view, d, samples, self.run.max_in_flight if async_priced else 0,
+        stay, move = self.planner.check(view, d, samples, self._scaled(self.run.max_in_flight) if async_priced else 0,
                                         self._to_end())
         n = len(view.engines)
         log.debug("t=%.1f check over %d fresh samples: %s %.1f s, %s %.1f s", view.now, len(samples),
@@ -289,8 +330,9 @@ class Prorsa:
                 current == self._step_split and self._step_split_mix is not None and same_mix(mix, self._step_split_mix)
                 and not guessed):
             return None
+        part = self._slice(view)
         with nested_runs():
-            split = self._initial_split(view, mix)
+            split = self._cluster_split(self._initial_split(view if part is None else part.view(view), mix))
         self._step_split, self._step_split_mix = split, mix
         self._start_guessed = self._start_guessed and not guessed
         if split == current:
@@ -356,12 +398,13 @@ class Prorsa:
         static split; Prorsa with the window: 930.9 s."""
         count = self._new_count()
         if self.mix_forecast == "schedule" and self.run.step_weights:
-            out, per, start = [], self.run.trajectories_per_step, self.tracker.started
-            while len(out) < count:
-                k = start + len(out)                       # the run's k-th trajectory to start
-                step = min(k // per, len(self.run.step_weights) - 1)
-                n = min(count - len(out), (step + 1) * per - k)
-                out += sampler.new(self.families, self._step_mix(step), n, -1 - count + len(out), rng)
+            out, per, start, k = [], self.run.trajectories_per_step, self.tracker.started, 0
+            full = self._starting()
+            while k < full:                                # the run's (start + k)-th trajectory to start
+                step = min((start + k) // per, len(self.run.step_weights) - 1)
+                n = min(full - k, (step + 1) * per - start - k)
+                out += sampler.new(self.families, self._step_mix(step), self._scaled(n), -1 - count + len(out), rng)
+                k += n
             return out
         recent = list(self.tracker.start_families)[-self.mix_window:]
         weights = self.weights
@@ -407,7 +450,7 @@ class Prorsa:
         if run.mode != "sync" or self.tracker.started >= run.total_trajectories:
             return None
         weights = self._next_step_mix()
-        count = run.trajectories_per_step
+        count = self._scaled(run.trajectories_per_step)
         return lambda: sampler.new(self.families, weights, count, -1 - count, rng, run.group_size)
 
     def _to_end(self) -> bool:
@@ -422,9 +465,13 @@ class Prorsa:
         """Trajectories the run has still to start."""
         return self.run.total_trajectories - self.tracker.started
 
-    def _new_count(self) -> int:
+    def _starting(self) -> int:
         """Async: the trajectories a rolling phase starts, never more than the run has left."""
         return max(min(self.run.max_in_flight, self._trajectories_left()), 0)
+
+    def _new_count(self) -> int:
+        """The trajectories a plan samples to start (the slice's share of `_starting`)."""
+        return self._scaled(self._starting())
 
     def _hedges(self, sampler: FutureSampler, rng) -> list[list[FutureTrajectory]]:
         """Async with several families, when a switch drains the engine (`drain`, `reshard`): the next
@@ -450,8 +497,9 @@ class Prorsa:
         # sampled at twice max_in_flight was twice as loaded as the real one, which favours splits: search
         # on moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
         run = self.run
-        count = run.trajectories_per_step if run.mode == "sync" else \
+        full = run.trajectories_per_step if run.mode == "sync" else \
             min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
+        count = self._scaled(full)
         # a sample that is the whole run (async) is scored as a sync step is: by its last end, in GRPO
         # groups with each trajectory's output level, on `initial_max_samples` samples. Why: the run's
         # time is its last end, set by a few long chains of turns, which the allocation slows or speeds
@@ -463,7 +511,7 @@ class Prorsa:
         # added: on search_long (moe_h200, seed 0) three samples put colocation 5.5% ahead of 1P7D
         # (measured: 593.3 against 563.9 s), twelve put 1P7D 2.1% ahead (569.8 against 581.8 s).
         # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
-        whole = run.mode == "async" and count == run.total_trajectories
+        whole = run.mode == "async" and full == run.total_trajectories
         sampler = self._sampler(now, whole)
         as_step = run.mode == "sync" or whole
         group = run.group_size if as_step else 1
@@ -472,33 +520,37 @@ class Prorsa:
         hedges = []
         if present is None and self._hedged_start():   # also weigh each family alone
             hedges = sampler.each_family_alone(self.families, count, 0, rng)
-        split, scores = self.planner.initial(samples, self.run.max_in_flight, hedges,
+        split, scores = self.planner.initial(samples, self._scaled(self.run.max_in_flight), hedges,
                                              lambda: sampler.new(self.families, weights, count, 0, rng, group),
                                              self.initial_max_samples, present, to_end=whole)
         self.plan_scores.append((now, scores))
-        n = self.cluster.num_engines
+        n = self.planner.cluster.num_engines
         log.debug("%s plan: %s -> %s", "initial" if present is None else f"t={now:.1f} step start",
                   ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(scores.items())), split_name(split, n))
         return split
 
-    def _present(self, now: float) -> list[FutureTrajectory]:
-        """The forecast-free view: every live trajectory finishes its current turn (at the mean output
-        seen so far) and nothing follows."""
+    def _present(self, now: float, part: ClusterSlice | None) -> list[FutureTrajectory]:
+        """The forecast-free view: every live trajectory (of the slice, if any) finishes its current turn
+        (at the mean output seen so far) and nothing follows."""
         outs = self.tracker.outputs
         mean = {f: float(np.mean(v)) for f, v in outs.items() if v}
         futures = []
         for s in self.tracker.live.values():
-            if s.phase == Phase.TOOL:
+            if s.phase == Phase.TOOL or (part is not None and not part.keeps(s, self.prefix, self.routes)):
                 continue
             tokens = max(int(mean.get(s.family, self.run.priors[s.family].output_tokens.median)), 1)
             futures.append(FutureTrajectory.of_live(
                 s, 0.0, [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)], self.prefix, self.routes))
-        return futures
+        return futures if part is None else part.renumbered(futures)
 
     def _tpot(self) -> float:
         seen = self.tracker.last_tpot()
         return float(np.median(seen)) if seen else self.default_tpot_s
 
     def _record(self, now: float, outcome) -> None:
-        w = self.horizon_s / self.bins
-        self.forecaster.history.append(Forecast(now, w, outcome.prefill_tokens, outcome.decode_seqs))
+        """The plan's run under the present allocation as the forecast (a slice's scaled to the cluster)."""
+        w, share = self.horizon_s / self.bins, self.slice_share
+        prefill, decode = outcome.prefill_tokens, outcome.decode_seqs
+        if share < 1.0:
+            prefill, decode = prefill / share, decode / share
+        self.forecaster.history.append(Forecast(now, w, prefill, decode))

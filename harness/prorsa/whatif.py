@@ -255,12 +255,15 @@ class FutureSampler:
         return max(int(round(sample_excess(self.turns[family], turn + 0.5, rng))) - turn - 1, 0)
 
     def live(self, now: float, tracker: LifecycleTracker, prefix: PrefixTracker, tpot: float,
-             rng: np.random.Generator, routes: dict[int, Route] | None = None) -> list[FutureTrajectory]:
-        """The futures of the live trajectories, from their observed state (`routes`: where each turn
-        under way was sent)."""
+             rng: np.random.Generator, routes: dict[int, Route] | None = None,
+             keep: Callable[[TrajectoryState], bool] | None = None) -> list[FutureTrajectory]:
+        """The futures of the live trajectories (those `keep` accepts: a plan's slice of a big cluster),
+        from their observed state (`routes`: where each turn under way was sent)."""
         routes = routes or {}
         futures = []
         for s in tracker.live.values():
+            if keep is not None and not keep(s):
+                continue
             f = s.family
             if f in self._recorded:
                 tool = s.phase == Phase.TOOL

@@ -1,0 +1,105 @@
+"""A representative slice of a big cluster, so that a plan's cost does not grow with the cluster.
+
+A what-if run costs in proportion to the trajectories it simulates, and a big cluster is many copies
+of the same engines under the same router. On a cluster of more than `policy.plan_engines` engines
+Prorsa plans on a slice of that many: each role's engines in proportion (evenly spaced by id), the
+live trajectories whose home engine is in it (those on no engine yet: the same share of them, by
+id), and every count a plan samples (trajectories to start, `max_in_flight`, a step's batch) scaled
+by the slice's share. A split chosen on the slice is scaled back to the cluster. This is the usual
+approximation of a data-parallel fleet by one of its replicas' groups: the router spreads load
+evenly, so a slice sees the cluster's per-engine load and its mix of work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from harness.api import ClusterView, EngineState, Role, Route
+from harness.prorsa.placement import DecodeWork
+from harness.prorsa.switcher import COLOCATED
+from harness.prorsa.tracker import TrajectoryState
+from harness.prorsa.whatif import ROUTED, FutureTrajectory
+from harness.routing import PrefixTracker
+
+_SPREAD = 2654435761   # Knuth's multiplicative hash: a trajectory on no engine joins by its id, spread
+
+
+@dataclass(frozen=True)
+class ClusterSlice:
+    ids: tuple[int, ...]    # slice engine i is the cluster's engine ids[i]
+    full: int               # the cluster's engines
+    index: dict[int, int] = field(init=False, repr=False, compare=False)   # cluster engine id -> slice's
+
+    def __post_init__(self):
+        object.__setattr__(self, "index", {cid: i for i, cid in enumerate(self.ids)})
+
+    @property
+    def share(self) -> float:
+        return len(self.ids) / self.full
+
+    @classmethod
+    def of(cls, view: ClusterView, size: int) -> ClusterSlice:
+        """`size` engines of `view`, each role (counting switches under way) in proportion to its
+        engines in the cluster (largest remainders; every role present keeps one), evenly spaced by id."""
+        by_role: dict[Role, list[EngineState]] = {}
+        for e in sorted(view.engines, key=lambda e: e.engine_id):
+            by_role.setdefault(e.target_role or e.role, []).append(e)
+        n = len(view.engines)
+        quota = {r: max(1, len(es) * size // n) for r, es in by_role.items()}
+        rest = sorted(by_role, key=lambda r: (-(len(by_role[r]) * size % n), r.value))
+        for r in rest:
+            if sum(quota.values()) >= size:
+                break
+            quota[r] += 1
+        ids = []
+        for r, es in by_role.items():
+            step = len(es) / quota[r]
+            ids += [es[int(i * step)].engine_id for i in range(quota[r])]
+        return cls(tuple(sorted(ids)), n)
+
+    def view(self, view: ClusterView) -> ClusterView:
+        """The slice's engines, numbered from 0 in slice order."""
+        engines = {e.engine_id: e for e in view.engines}
+        return ClusterView(view.now, [replace(engines[cid], engine_id=i) for i, cid in enumerate(self.ids)])
+
+    def scaled(self, count: int) -> int:
+        """A count of trajectories at the slice's share (at least one of a non-zero count)."""
+        return max(1, round(count * self.share)) if count > 0 else 0
+
+    def split(self, split: int) -> int:
+        """A split of the slice as a split of the cluster (prefill engines in the same proportion)."""
+        if split == COLOCATED:
+            return COLOCATED
+        return min(max(round(split / self.share), 1), self.full - 1)
+
+    def keeps(self, s: TrajectoryState, prefix: PrefixTracker, routes: dict[int, Route]) -> bool:
+        """Whether a live trajectory is simulated: its home engine (the decode engine of its turn under
+        way, else where its KV was last decoded, else prefilled) is in the slice; with no home yet, the
+        slice's share of such trajectories, by id."""
+        tid = s.trajectory_id
+        route = routes.get(tid) if s.phase in ROUTED else None
+        home = route.decode_engine if route is not None else prefix.decode_engine.get(tid, prefix.prefill_engine.get(tid))
+        if home is not None:
+            return home in self.index
+        return (tid * _SPREAD) % self.full < len(self.ids)
+
+    def renumbered(self, futures: list[FutureTrajectory]) -> list[FutureTrajectory]:
+        """The futures with their engines numbered as in the slice; an engine outside it is forgotten (a
+        turn routed to one is routed again)."""
+        out = []
+        for ft in futures:
+            route = ft.route
+            if route is not None:
+                p, d = self.index.get(route.prefill_engine), self.index.get(route.decode_engine)
+                route = Route(p, d, route.priority) if p is not None and d is not None else None
+            out.append(replace(ft, decode_engine=self.index.get(ft.decode_engine),
+                               prefill_engine=self.index.get(ft.prefill_engine), route=route))
+        return out
+
+    def work(self, work: DecodeWork) -> DecodeWork:
+        """The forecast decode work held by the slice's engines, numbered as in the slice."""
+        out = DecodeWork(work.left)
+        for tid, (engine_id, w) in work.of.items():
+            if engine_id in self.index:
+                out.of[tid] = (self.index[engine_id], w)
+                out.on[self.index[engine_id]] += w
+        return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ class ClusterConfig:
     # faster than its model, or (Prorsa's `policy.model`) a planning model wrong on purpose. 1: the model's.
     prefill_time_scale: float = 1.0
     decode_time_scale: float = 1.0
+    # Weights in bf16 or fp8 (harness/perf/catalogue.py WEIGHT_BYTES); `model.weight_dtype` is set from it.
+    weight_dtype: str = "bf16"
 
     @property
     def prefill_budget(self) -> int:
@@ -100,6 +102,11 @@ def cluster_from_config(c: dict) -> ClusterConfig:
     c = dict(c)
     gpu = lookup("gpu", c["gpu"], "cluster.gpu")
     model = lookup("model", c["model"], "cluster.model")
+    dtype = c.get("weight_dtype", "bf16")
+    _require(dtype == "bf16" or gpu.fp8_peak_flops > 0, "weight_dtype", dtype,
+             f"bf16 on {gpu.name} (configs/catalogue/gpus.yaml gives it no fp8_peak_flops)")
+    if dtype != model.weight_dtype:
+        model = replace(model, weight_dtype=dtype)
     if c.get("cost_model") == "profiled":
         _require(bool(c.get("profile")), "profile", c.get("profile"), "a profile file path")
         _require(Path(str(c["profile"])).is_file(), "profile", c["profile"], "an existing profile file "
@@ -137,7 +144,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 _OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
              "switch_mechanism", "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests",
-             "router_balance_rel", "prefill_time_scale", "decode_time_scale")
+             "router_balance_rel", "prefill_time_scale", "decode_time_scale", "weight_dtype")
 
 
 def perf_constants(overrides: Mapping[str, Any] | None, where: str) -> PerfConstants:

@@ -129,6 +129,9 @@ class ClusterSchema:
     prefill_time_scale: float = key(gt=0, omittable=True)
     decode_time_scale: float = key(gt=0, omittable=True)
     cost_model: str = key(choices=("roofline", "profiled"), omittable=True)
+    # Weights and GEMM inputs in BF16 (2 bytes, the BF16 peak) or FP8 (1 byte, the GPU's FP8 peak);
+    # the KV cache stays BF16 (harness/perf/catalogue.py WEIGHT_BYTES). Left out: bf16.
+    weight_dtype: str = key(choices=("bf16", "fp8"), omittable=True)
     profile: Optional[str] = key(omittable=True)
     contended_profile: Optional[str] = key(omittable=True)   # engines sharing a host (harness/cluster.py)
     perf: Optional[dict[str, Any]] = key(omittable=True, allowed="a mapping of cost-model constants")

@@ -1,16 +1,24 @@
 """The cost model against published serving measurements: `python scripts/published.py`.
 
 For each row of results/reference/published_sources.csv that the catalogue can express (its model and
-GPU in configs/catalogue/, its weights fitting the GPUs in BF16, the only precision the catalogue has),
-runs the serving benchmark (mode=serve, harness/serve.py) at the published setup and writes
-results/reference/published.csv (published against simulated, signed error) and
-results/reference/published.png/.pdf (log-log, one marker per source). Rows it cannot express are listed
-with the reason in results/reference/published_not_simulated.csv.
+GPU in configs/catalogue/, its weights fitting the GPUs; FP8 where the published run used FP8 weights,
+`cluster.weight_dtype=fp8`), reproduces the published setup and writes results/reference/published.csv
+(published against simulated, signed error) and results/reference/published.png/.pdf (log-log, one
+marker per source). Rows it cannot express are listed with the reason in
+results/reference/published_not_simulated.csv.
+
+Two kinds of point:
+- serve: the serving benchmark (mode=serve, harness/serve.py) at the published requests and lengths;
+  where a published deployment is larger than one engine (a prefill unit of several nodes), one engine of
+  that unit is simulated at the published per-device load and the per-node figure is read from it.
+- decode step: a decode-only measurement at a fixed batch and KV length per device (the large-EP decode
+  units, measured with the prefill side unlimited) is the simulated engine's decode step at that batch,
+  the one the simulator times each step with (harness/cluster.py parallel_cost_model), after checking
+  that the batch's KV fits the engine's memory.
+The CSV's `simulated_setup` says which, and what was simulated.
 
 Nothing is fitted here (used_for_fit is false everywhere): this measures the cost model as it is, with
-every constant of configs/catalogue/ unchanged. Where a published deployment is larger than one engine
-(a prefill or decode unit of several nodes), one engine of that unit is simulated at the published
-per-device load and the per-node figure is read from it; the CSV's `simulated_setup` says so.
+every constant of configs/catalogue/ unchanged.
 """
 from __future__ import annotations
 
@@ -30,27 +38,41 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from harness.api import Role  # noqa: E402
+from harness.cluster import cluster_from_config, parallel_cost_model  # noqa: E402
 from harness.experiment import run_experiment  # noqa: E402
 
 SOURCES = ROOT / "results" / "reference" / "published_sources.csv"
 OUT = ROOT / "results" / "reference"
 log = logging.getLogger("published")
 
-# The published setups, as serve runs. GPUs per node: 8 in every source here (H100/H200/H800 HGX nodes).
+# The published setups. GPUs per node: 8 in every source here (H100/H200/H800 HGX nodes).
 GPUS_PER_NODE = 8
+FP8 = ["++cluster.weight_dtype=fp8"]   # every point here ran FP8 GEMMs with FP8 weights (see each source)
 QWEN235 = ["cluster=qwen235_h200", "cluster.num_engines=1", "policy=colocate"]   # attention DP8 + EP8
+# TensorRT-LLM's in-flight batching limits where trtllm-bench does not set them: max_batch_size 2048,
+# max_num_tokens 8192 (tensorrt_llm BuildConfig defaults); decode-first mixed steps, as vLLM's.
+TRTLLM = ["cluster.max_num_seqs=2048", "cluster.max_num_batched_tokens=8192", "cluster.engine=vllm"]
 
 
-def deepseek_unit(gpu: str, gpus: int, max_seqs: int, budget: int, tp: int = 1) -> list[str]:
-    """One DeepSeek-V3 engine of `gpus` GPUs with DP attention and EP over all of them (the SGLang and
-    DeepSeek deployments), SGLang step semantics, `max_seqs` sequences and `budget` prefill tokens per rank
-    (a rank: `tp` GPUs; the published deployments use tp 1, whose replicated BF16 attention weights leave
-    no KV memory on an 80 GB GPU)."""
-    par = f"{{tp: {tp}, dp: {gpus // tp}, ep: true}}"
+def dense_engine(model: str, gpu: str, tp: int) -> list[str]:
+    """One engine of a dense model on `tp` GPUs (TP), FP8 weights, TensorRT-LLM's batch limits."""
+    par = f"{{tp: {tp}, dp: 1, ep: false}}"
+    return ["cluster=dense_h100", f"cluster.model={model}", f"cluster.gpu={gpu}", "cluster.num_engines=1",
+            f"cluster.gpus_per_engine={tp}", f"cluster.parallelism.colocated={par}",
+            f"cluster.parallelism.prefill={par}", f"cluster.parallelism.decode={par}", "policy=colocate",
+            *TRTLLM, *FP8]
+
+
+def deepseek_unit(gpu: str, gpus: int, max_seqs: int, budget: int) -> list[str]:
+    """One DeepSeek-V3 engine of `gpus` GPUs with DP attention (one GPU per rank) and EP over all of them
+    (the SGLang and DeepSeek deployments), FP8 weights, SGLang step semantics, `max_seqs` sequences and
+    `budget` prefill tokens per rank."""
+    par = f"{{tp: 1, dp: {gpus}, ep: true}}"
     return ["cluster=deepseek_v3_h200", f"cluster.gpu={gpu}", "cluster.num_engines=1", f"cluster.gpus_per_engine={gpus}",
             f"cluster.parallelism.colocated={par}", f"cluster.parallelism.prefill={par}", f"cluster.parallelism.decode={par}",
             "cluster.engine=sglang", f"cluster.max_num_seqs={max_seqs}", f"cluster.max_num_batched_tokens={budget}",
-            f"cluster.chunked_prefill_size={budget}", "policy=colocate"]
+            f"cluster.chunked_prefill_size={budget}", "policy=colocate", *FP8]
 
 
 def requests(n: int, prompt: int, output: int) -> list[str]:
@@ -64,6 +86,7 @@ def per_node(key: str, gpus: int) -> Callable[[dict], float]:
 
 @dataclass(frozen=True)
 class Point:
+    """A serve point: the serving benchmark at `overrides`, the published metric read from its summary."""
     id: str
     overrides: list[str]
     simulated: Callable[[dict], float]   # the published metric, in its unit, from the run's summary.json
@@ -71,53 +94,101 @@ class Point:
     extra: list[str] = field(default_factory=list)
 
 
-POINTS = [
+@dataclass(frozen=True)
+class DecodePoint:
+    """A decode-only point: `seqs[r]` sequences of `ctx` tokens of KV on each rank r of the engine of
+    `overrides`; the metric is output tokens/s of one decode step per node, per engine (`per="engine"`) or
+    per sequence (`per="request"`)."""
+    id: str
+    overrides: list[str]
+    seqs: list[int]
+    ctx: int
+    setup: str
+    per: str = "node"
+
+
+def ranks(total: int, n: int) -> list[int]:
+    """`total` sequences spread over `n` ranks as evenly as whole sequences go."""
+    return [total // n + (1 if r < total % n else 0) for r in range(n)]
+
+
+POINTS: list = [
     Point("trtllm_qwen3235ba22b_h100_1000_1000",
-          QWEN235 + ["cluster.gpu=h100", "cluster.parallelism.colocated={tp: 2, dp: 4, ep: true}"]
-          + requests(3000, 1000, 1000),
+          QWEN235 + ["cluster.gpu=h100"] + TRTLLM + FP8 + requests(3000, 1000, 1000),
           lambda s: s["output_tokens_per_s"],
-          "1 engine of 8 H100, attention TP2 x DP4 (DP8 leaves no KV memory with BF16 weights) + EP8, BF16 "
-          "weights; 3000 requests 1000/1000 at rate inf; output tokens/s"),
-    Point("trtllm_qwen3235ba22b_h200_1000_1000", QWEN235 + requests(3000, 1000, 1000),
+          "serve: 1 engine of 8 H100, attention DP8 + EP8, FP8 weights, TensorRT-LLM batch limits; 3000 requests "
+          "1000/1000 at rate inf; output tokens/s"),
+    Point("trtllm_qwen3235ba22b_h200_1000_1000", QWEN235 + TRTLLM + FP8 + requests(3000, 1000, 1000),
           lambda s: s["output_tokens_per_s"],
-          "1 engine of 8 H200, attention DP8 + EP8, BF16 weights; 3000 requests 1000/1000 at rate inf; "
-          "output tokens/s"),
-    Point("trtllm_qwen3235ba22b_h200_5000_500", QWEN235 + requests(1500, 5000, 500),
+          "serve: 1 engine of 8 H200, attention DP8 + EP8, FP8 weights, TensorRT-LLM batch limits; 3000 requests "
+          "1000/1000 at rate inf; output tokens/s"),
+    Point("trtllm_qwen3235ba22b_h200_5000_500", QWEN235 + TRTLLM + FP8 + requests(1500, 5000, 500),
           lambda s: s["output_tokens_per_s"],
-          "1 engine of 8 H200, attention DP8 + EP8, BF16 weights; 1500 requests 5000/500 at rate inf; "
-          "output tokens/s"),
-    *[Point(f"lep_prefill_{k}", deepseek_unit("h100", 32, 256, 16384, tp=2) + requests(2048, p, 1),
+          "serve: 1 engine of 8 H200, attention DP8 + EP8, FP8 weights, TensorRT-LLM batch limits; 1500 requests "
+          "5000/500 at rate inf; output tokens/s"),
+    *[Point(f"trtllm_{name}_{gpu}_{p}_{o}", dense_engine(model, gpu, tp) + requests(n, p, o),
+            lambda s: s["output_tokens_per_s"],
+            f"serve: 1 engine of {tp} {gpu.upper()}, TP{tp}, FP8 weights (KV BF16), TensorRT-LLM batch limits; "
+            f"{n} requests {p}/{o} at rate inf; output tokens/s")
+      for name, model, gpu, tp, p, o, n in (
+          ("llama318b", "llama3_1_8b", "h100", 1, 1000, 1000, 3000),
+          ("llama318b", "llama3_1_8b", "h100", 1, 2048, 128, 3000),
+          ("llama318b", "llama3_1_8b", "h100", 1, 128, 2048, 3000),
+          ("llama318b", "llama3_1_8b", "h200", 1, 1000, 1000, 3000),
+          ("llama3370b", "llama3_3_70b", "h100", 2, 1000, 1000, 3000),
+          ("llama3370b", "llama3_3_70b", "h100", 2, 2048, 128, 3000),
+          ("llama3370b", "llama3_3_70b", "h200", 1, 1000, 1000, 3000))],
+    *[Point(f"lep_prefill_{k}", deepseek_unit("h100", 32, 256, 16384) + requests(2048, p, 1),
             per_node("input_tokens_per_s", 32),
-            f"the prefill unit: 1 engine of 32 H100, attention TP2 x DP16 (DP32 leaves no KV memory with BF16 "
-            f"weights) + EP32, BF16; 2048 requests of {p} tokens, 1 output token, at rate inf, 16,384 prefill "
-            "tokens per rank per step; input tokens/s / 4 nodes")
+            f"serve, the prefill unit: 1 engine of 32 H100, attention DP32 + EP32, FP8 weights; 2048 requests of "
+            f"{p} tokens, 1 output token, at rate inf, 16,384 prefill tokens per rank per step; input tokens/s / 4 nodes")
       for k, p in (("1k", 1000), ("2k", 2000), ("4k", 4096), ("4k_perfect_eplb", 4096))],
-    Point("dsprof_prefill_4k", deepseek_unit("h800", 32, 256, 16384, tp=2) + requests(2048, 4096, 1),
+    Point("dsprof_prefill_4k", deepseek_unit("h800", 32, 256, 16384) + requests(2048, 4096, 1),
           per_node("input_tokens_per_s", 32),
-          "1 engine of 32 H800, attention TP2 x DP16 (DP32 leaves no KV memory with BF16 weights) + EP32, BF16; "
-          "2048 requests of 4096 tokens, 1 output token, at rate inf, 16,384 prefill tokens per rank per step; "
-          "input tokens/s / 4 nodes"),
+          "serve, the prefill unit: 1 engine of 32 H800, attention DP32 + EP32, FP8 weights; 2048 requests of 4096 "
+          "tokens, 1 output token, at rate inf, 16,384 prefill tokens per rank per step; input tokens/s / 4 nodes"),
+    Point("h800study_p4d6_input", deepseek_unit("h800", 32, 256, 16384) + requests(1024, 1024, 1),
+          lambda s: s["input_tokens_per_s"],
+          "serve, the prefill unit alone: 1 engine of 32 H800 (4 nodes), attention DP32 + EP32, FP8 weights; 1024 "
+          "requests of 1024 tokens, 1 output token, at rate inf; input tokens/s of the unit"),
+    DecodePoint("lep_decode_2k", deepseek_unit("h100", 72, 256, 16384), [256] * 72, 2000,
+                "decode step: 1 engine of 72 H100, attention DP72 + EP72, FP8 weights, CUDA graph; 256 sequences "
+                "of 2,000 KV tokens per rank; output tokens/s / 9 nodes"),
+    DecodePoint("dsprof_decode_4k", deepseek_unit("h800", 128, 256, 16384), [128] * 128, 4096,
+                "decode step: 1 engine of 128 H800, attention DP128 + EP128, FP8 weights, CUDA graph; 128 "
+                "sequences of 4,096 KV tokens per rank; output tokens/s / 16 nodes"),
+    DecodePoint("ds6_decode_node", deepseek_unit("h800", 144, 256, 16384), [128] * 144, 4989,
+                "decode step: 1 engine of 144 H800, attention DP144 + EP144, FP8 weights, CUDA graph; 128 sequences "
+                "(the batch the SGLang post's table gives this column) of 4,989 KV tokens per rank; output tokens/s "
+                "/ 18 nodes (the published value is a 24-hour average under varying load)"),
+    DecodePoint("h800study_p4d6_output", deepseek_unit("h800", 48, 256, 16384), ranks(1024, 48), 1024 + 128,
+                "decode step, the decode unit alone: 1 engine of 48 H800 (6 nodes), attention DP48 + EP48, FP8 "
+                "weights, CUDA graph; 1024 sequences over 48 ranks at 1,152 KV tokens (1K prompt + half of 256 "
+                "outputs); output tokens/s of the unit", per="engine"),
 ]
+
+POINTS.append(DecodePoint(
+    "ds6_user_speed", deepseek_unit("h800", 144, 256, 16384), [128] * 144, 4989,
+    "decode step: as ds6_decode_node; output tokens/s per sequence (1 / step time)", per="request"))
 
 NOT_SIMULATED = {
     "ds6_prefill_node": "production 24-hour average: idle time and 56.3% on-disk cache hits averaged in; no "
                         "steady-state setup to simulate",
-    "ds6_decode_node": "production 24-hour average under varying load; no steady-state setup",
-    "ds6_user_speed": "production fleet average; no setup",
-    "lep_decode_2k": "256 sequences of 2,000 tokens per H100 need 36 GB of MLA KV per GPU; with BF16 weights "
-                     "(DP72 + EP72: 48 GB per GPU) a rank holds 251k KV tokens, under half the 528k the batch needs",
-    "dsprof_decode_4k": "128 sequences of 4,096 tokens per H800 need 532k KV tokens per rank; with BF16 weights "
-                        "(DP128 + EP128) a rank holds 364k",
     "lep_decode_4k_simmtp": "simulated MTP with dummy attention kernels: the simulator has no speculative decoding",
     "lep_decode_simmtp_no_tbo": "as lep_decode_4k_simmtp (MTP)",
     "lep_headline_input": "the same measurement as lep_prefill_2k, rounded",
     "lep_itl": "approximate ITL of unstated runs",
     "vllm_wideep_h200": "GPU count, lengths and load not stated",
-    "h800study_p4d6_input": "4 prefill nodes + 6 decode nodes: the cluster config has one GPU count per engine",
-    "h800study_p4d6_output": "as h800study_p4d6_input",
+    "k2_prefill": "Kimi-K2 not in configs/catalogue/models.yaml (its total parameter count to the precision the "
+                  "dense share needs was not read), and the post does not say whether batch 480 is per GPU",
+    "k2_decode": "as k2_prefill",
 }
 REASON_BY_MODEL = "model not in configs/catalogue/models.yaml"
-REASON_H20 = "DeepSeek-R1 BF16 weights (1.34 TB) exceed 8 or 16 H20 (768 GB / 1.5 TB with KV); the catalogue has no FP8 weights"
+REASON_MLPERF = ("Llama-2-70B not in configs/catalogue/models.yaml, and the input lengths of MLPerf's OpenOrca set "
+                 "(needed for every metric) were not found in the sources read")
+REASON_H20 = ("DeepSeek-R1 on H20: FP8 weights at TP8 take 84 GB of the catalogue's 96e9 bytes per GPU, under 1 GB "
+              "of KV at memory_fraction 0.9 (the post's memory settings were not read); the decode rows run MTP, "
+              "which the simulator lacks")
 
 
 def load_config(overrides: list[str]):
@@ -150,6 +221,20 @@ def run_point(p: Point) -> tuple[float, dict]:
     return p.simulated(summary), summary
 
 
+def decode_point(p: DecodePoint) -> tuple[float, dict]:
+    """Output tokens/s per node (or per sequence) of one decode step of the engine at the point's batch, once
+    the batch's KV is checked to fit each rank's memory."""
+    cluster = cluster_from_config(load_config(p.overrides).cluster)
+    cm = parallel_cost_model(cluster, cluster.parallelism[Role.DECODE])
+    capacity = cm.kv_capacity_tokens(cluster.memory_fraction, cluster.activation_reserve_bytes)
+    if max(p.seqs) * p.ctx > capacity:
+        raise ValueError(f"{p.id}: {max(p.seqs)} x {p.ctx} KV tokens per rank exceed its {capacity}")
+    t = cm.decode_step_time(p.seqs, [n * p.ctx for n in p.seqs], True)
+    rate = {"request": 1 / t, "engine": sum(p.seqs) / t,
+            "node": sum(p.seqs) / t / (cluster.gpus_per_engine / GPUS_PER_NODE)}[p.per]
+    return rate, {"preemptions": 0, "wall_time_s": 0.0}
+
+
 def not_simulated_reason(row: pd.Series) -> str:
     if row["id"] in NOT_SIMULATED:
         return NOT_SIMULATED[row["id"]]
@@ -158,6 +243,8 @@ def not_simulated_reason(row: pd.Series) -> str:
         return "a communication or transfer microbenchmark, not a serving point"
     if "H20" == str(row["hardware"]).strip() and "DeepSeek" in model:
         return REASON_H20
+    if "Llama-2-70B" in model:
+        return REASON_MLPERF
     if not any(m in model for m in ("Qwen3-235B", "DeepSeek-V3", "DeepSeek (V3")):
         return REASON_BY_MODEL
     return "not expressed yet"
@@ -169,8 +256,8 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    from harness.figure_style import COLUMN_IN, RC
-    with plt.rc_context(RC):
+    from harness.figure_style import COLUMN_IN, rc
+    with plt.rc_context(rc()):
         fig, ax = plt.subplots(figsize=(COLUMN_IN, COLUMN_IN))
         for (source, unit), g in df.groupby(["source", "unit"]):
             ax.scatter(g["published_value"], g["simulated_value"], label=f"{source} ({unit})", s=14)
@@ -206,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         if p.id not in by_id.index:
             raise ValueError(f"{p.id}: no such row in {SOURCES.name}")
         src = by_id.loc[p.id]
-        value, summary = run_point(p)
+        value, summary = decode_point(p) if isinstance(p, DecodePoint) else run_point(p)
         published = published_value(src["published_value"])
         rows.append({"id": p.id, "source": src["source"], "model": src["model"], "hardware": src["hardware"],
                      "parallelism": src["parallelism"], "workload": src["workload"], "metric": src["metric"],

@@ -31,6 +31,8 @@ CONFIG_CASES = [
     ("memory_fraction_text", ["cluster.memory_fraction=high"], "cluster.memory_fraction='high' is invalid; allowed: (0, 1]"),
     ("activation_reserve", ["cluster.activation_reserve_bytes=-1"], "cluster.activation_reserve_bytes=-1 is invalid"),
     ("kv_transfer_setup", ["cluster.kv_transfer_setup_s=-0.1"], "cluster.kv_transfer_setup_s=-0.1 is invalid"),
+    ("weight_dtype", ["++cluster.weight_dtype=fp4"], "cluster.weight_dtype='fp4' is invalid; allowed: bf16, fp8"),
+    ("weight_dtype_gpu", ["cluster.gpu=a100", "++cluster.weight_dtype=fp8"], "cluster.weight_dtype='fp8' is invalid; allowed: bf16 on a100"),
     ("switch_time_text", ["cluster.switch_time_s=abc"], "cluster.switch_time_s='abc' is invalid; allowed: a number >= 0"),
     ("reshard_switch_time", ["cluster.reshard_switch_time_s=-5"], "cluster.reshard_switch_time_s=-5 is invalid"),
     ("engine", ["cluster.engine=trt"], "cluster.engine='trt' is invalid; allowed: vllm, sglang"),

@@ -173,3 +173,21 @@ def test_scaled_cost_model_known_answers():
     base = inner.decode_span_ends(seqs, ctx, 3, True, 10.0)
     assert ends == pytest.approx([10.0 + 0.8 * (t - 10.0) for t in base])
     assert scaled.kv_capacity_tokens(0.9, 0) == inner.kv_capacity_tokens(0.9, 0)
+
+
+def test_fp8_weights_by_hand():
+    """cluster.weight_dtype=fp8: 1 byte per GEMM weight and the FP8 peak (2x BF16 on H100), the embedding,
+    LM head and KV cache in BF16; DeepSeek-V3 fits DP32 + EP32 on 32 H100 only in FP8."""
+    cat, gpus = model_catalogue(), gpu_catalogue()
+    bf16 = RooflineCostModel(cat["llama3_1_8b"], gpus["h100"], PERF, Parallelism())
+    fp8 = RooflineCostModel(replace(cat["llama3_1_8b"], weight_dtype="fp8"), gpus["h100"], PERF, Parallelism())
+    head = 128256 * 4096
+    assert fp8.weight_bytes_per_gpu() == pytest.approx((8.03e9 - 2 * head) * 1 + 2 * head * 2)
+    assert fp8.kv_bytes_per_token_gpu == bf16.kv_bytes_per_token_gpu
+    b = RankBatch(prefill_tokens=8192, requests=1)   # compute-bound: GEMMs at 2x, the head at 1x
+    gemm = 2 * (8.03e9 - 2 * head) * 8192 / (1979e12 * 0.74) + 2 * head * 8192 / (989e12 * 0.74)
+    assert fp8.rank_time(b) == pytest.approx(gemm)
+    ds = replace(cat["deepseek_v3"], weight_dtype="fp8")
+    dp32 = Parallelism(tp=1, dp=32, ep=True)
+    assert RooflineCostModel(cat["deepseek_v3"], gpus["h100"], PERF, dp32).kv_capacity_tokens(0.9, 2e9) == 0
+    assert RooflineCostModel(ds, gpus["h100"], PERF, dp32).kv_capacity_tokens(0.9, 2e9) > 400_000

@@ -22,3 +22,12 @@ def test_every_simulated_point_is_a_published_row():
 @pytest.mark.parametrize("cell, value", [("23,789", 23789.0), ("~100", 100.0), ("20-22", 21.0), ("3623", 3623.0)])
 def test_published_cells_parse(cell, value):
     assert published_value(cell) == value
+
+
+def test_a_decode_point_whose_batch_does_not_fit_is_refused_by_name():
+    from scripts.published import DecodePoint, decode_point, deepseek_unit
+    bf16 = [o for o in deepseek_unit("h100", 72, 256, 16384) if "weight_dtype" not in o]
+    with pytest.raises(ValueError, match="too_big: 256 x 2000 KV tokens per rank exceed"):
+        decode_point(DecodePoint("too_big", bf16, [256] * 72, 2000, ""))
+    value, _ = decode_point(DecodePoint("fits", deepseek_unit("h100", 72, 256, 16384), [256] * 72, 2000, ""))
+    assert value > 0

@@ -9,6 +9,12 @@ import yaml
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "configs" / "catalogue"
 BYTES_PER_PARAM = 2   # BF16 weights and KV cache
+# Weight (and GEMM input) dtypes the roofline honours: bytes per parameter. `cluster.weight_dtype`
+# picks one (bf16 by default); fp8 runs GEMMs at the GPU's `fp8_peak_flops` (configs/catalogue/gpus.yaml)
+# and keeps the embedding, the LM head, attention's core and the KV cache in BF16 (DeepSeek-V3 technical
+# report, arXiv 2412.19437, section 3.3.1: embedding, output head, gating, norms and attention operators
+# stay in BF16/FP32).
+WEIGHT_BYTES = {"bf16": 2, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,7 @@ class GPUSpec:
     hbm_bw: float
     scaleup_bw: float
     nic_bw: float
+    fp8_peak_flops: float = 0.0   # dense FP8 FLOP/s; 0: the GPU has no FP8 tensor cores (A100)
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,17 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     attn_head_dim: int | None = None
+    weight_dtype: str = "bf16"   # a key of WEIGHT_BYTES; set from cluster.weight_dtype (harness/cluster.py)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes per GEMM weight parameter."""
+        return WEIGHT_BYTES[self.weight_dtype]
+
+    @property
+    def head_params(self) -> float:
+        """The embedding table's size; the LM head (untied in every model here) is the same size."""
+        return float(self.vocab * self.hidden)
 
     @property
     def kv_bytes_per_token(self) -> int:

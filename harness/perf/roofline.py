@@ -72,11 +72,22 @@ class RooflineCostModel:
         self.model, self.gpu, self.perf, self.par = model, gpu, perf, par
         tp = par.tp
         peak = gpu.peak_flops
-        self._gemm_s_per_token = 2 * model.dense_gemm_params / (tp * peak * perf.gemm_mfu)
+        # FP8 weights (model.weight_dtype, catalogue.WEIGHT_BYTES): GEMMs at the FP8 peak and 1 byte per
+        # weight, but the LM head, attention's core and the KV cache stay BF16. BF16: the formulas as they were.
+        self._fp8 = model.weight_dtype == "fp8"
+        self._gemm_peak = gpu.fp8_peak_flops if self._fp8 else peak
+        self._mem_s_per_byte = 1.0 / (gpu.hbm_bw * perf.mem_efficiency)
+        if self._fp8:
+            head = model.head_params
+            self._gemm_s_per_token = (2 * (model.dense_gemm_params - head) / (tp * self._gemm_peak * perf.gemm_mfu)
+                                      + 2 * head / (tp * peak * perf.gemm_mfu))
+            self._weight_bytes_rank = ((model.dense_gemm_params - head) * model.weight_bytes
+                                       + head * BYTES_PER_PARAM) / tp
+        else:
+            self._gemm_s_per_token = 2 * model.dense_gemm_params / (tp * peak * perf.gemm_mfu)
+            self._weight_bytes_rank = model.dense_gemm_params * BYTES_PER_PARAM / tp
         head_dim = model.attn_head_dim or model.head_dim
         self._attn_s_per_ctx = 4 * model.layers * model.heads * head_dim / (tp * peak * perf.attn_mfu)
-        self._mem_s_per_byte = 1.0 / (gpu.hbm_bw * perf.mem_efficiency)
-        self._weight_bytes_rank = model.dense_gemm_params * BYTES_PER_PARAM / tp
         # KV heads are split over TP ranks up to kv_heads, then replicated (MLA: always replicated).
         self.kv_bytes_per_token_gpu = model.kv_bytes_per_token / min(tp, model.kv_heads)
         if tp > 1:  # two all-reduces per layer of tokens*hidden*2 bytes
@@ -95,6 +106,10 @@ class RooflineCostModel:
 
     # --- memory -------------------------------------------------------------------------------
     def weight_bytes_per_gpu(self) -> float:
+        if self._fp8:   # the embedding and the LM head in BF16, every other weight in FP8
+            m, head = self.model, self.model.head_params
+            expert = m.expert_params * m.weight_bytes / self._moe_gpus
+            return ((m.dense_params - 2 * head) * m.weight_bytes + 2 * head * BYTES_PER_PARAM) / self.par.tp + expert
         expert = self.model.expert_params * BYTES_PER_PARAM / self._moe_gpus
         return self.model.dense_params * BYTES_PER_PARAM / self.par.tp + expert
 
@@ -106,8 +121,8 @@ class RooflineCostModel:
     # --- time ---------------------------------------------------------------------------------
     def gemm_time(self, params: float, tokens: int, tp: int = 1) -> float:
         """One GEMM over `tokens` rows of a `params`-parameter weight (used by the golden test)."""
-        flops = 2 * params * tokens / (tp * self.gpu.peak_flops * self.perf.gemm_mfu)
-        bytes_ = (params * BYTES_PER_PARAM / tp + 2 * tokens * self.model.hidden * BYTES_PER_PARAM)
+        flops = 2 * params * tokens / (tp * self._gemm_peak * self.perf.gemm_mfu)
+        bytes_ = (params * self.model.weight_bytes / tp + 2 * tokens * self.model.hidden * BYTES_PER_PARAM)
         return max(flops, bytes_ * self._mem_s_per_byte)
 
     def rank_time(self, b: RankBatch) -> float:
@@ -129,14 +144,19 @@ class RooflineCostModel:
         if moe is None or tokens == 0:
             return 0.0
         n = self._moe_gpus
-        flops = 2 * self.model.active_expert_params * tokens / (n * self.gpu.peak_flops * self.perf.gemm_mfu)
+        flops = 2 * self.model.active_expert_params * tokens / (n * self._gemm_peak * self.perf.gemm_mfu)
         touched = moe.experts * (1 - ((moe.experts - moe.top_k) / moe.experts) ** tokens)
-        bytes_ = touched / moe.experts * self.model.expert_params * BYTES_PER_PARAM / n
+        bytes_ = touched / moe.experts * self.model.expert_params * self.model.weight_bytes / n
         t = max(flops, bytes_ * self._mem_s_per_byte)
         if self.par.ep and n > 1:  # dispatch + combine per MoE layer
             link = self.gpu.scaleup_bw if n <= 8 else self.gpu.nic_bw * self.perf.nic_efficiency
-            per_gpu = tokens / n * moe.top_k * self.model.hidden * BYTES_PER_PARAM * (n - 1) / n
-            t += 2 * moe.layers * (self.perf.collective_latency_s + per_gpu / link)
+            if self._fp8:   # FP8 dispatch, BF16 combine (DeepSeek-V3 report, arXiv 2412.19437, section 3.3.3)
+                per_gpu = tokens / n * moe.top_k * self.model.hidden * (n - 1) / n
+                t += moe.layers * (2 * self.perf.collective_latency_s
+                                   + per_gpu * (self.model.weight_bytes + BYTES_PER_PARAM) / link)
+            else:
+                per_gpu = tokens / n * moe.top_k * self.model.hidden * BYTES_PER_PARAM * (n - 1) / n
+                t += 2 * moe.layers * (self.perf.collective_latency_s + per_gpu / link)
         return t
 
     def _fixed(self, requests: int, eager: bool) -> float:

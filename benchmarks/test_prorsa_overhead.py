@@ -73,7 +73,8 @@ def test_plan_at_1000_trajectories(benchmark):
 
 
 @pytest.mark.large
-@pytest.mark.parametrize("in_flight, engines, plan_engines", [(4000, 32, 32), (16384, 256, 32), (16384, 256, 8)])
+@pytest.mark.parametrize("in_flight, engines, plan_engines", [(4000, 32, 32), (4000, 32, 8), (16384, 256, 256),
+                                                             (16384, 256, 32), (16384, 256, 8)])
 def test_plan_at_scale(benchmark, in_flight, engines, plan_engines):
     """4,000 in flight on 128 GPUs and 16,384 on 1,024 (the per-engine load of the 1,000-in-flight case,
     then half of it): a plan's cost as the cluster grows; beyond `policy.plan_engines` a plan simulates

@@ -9,7 +9,7 @@ from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
 from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, Route, RunInfo
 from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.planner import Planner, future_sampler
+from harness.prorsa.planner import Planner, critical_path_floor, future_sampler
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import WhatIf
@@ -215,6 +215,49 @@ def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain(
     assert d.switch and d.split != COLOCATED and set(d.scores) == {COLOCATED, 1, 2, 3}
     planner.hysteresis = 0.99   # no candidate ends 99% sooner: stay
     assert not planner.decide(view, COLOCATED, [], new, 64).switch
+
+
+def test_critical_path_floor_known_answer():
+    """Ready at 2 s, a turn of 11 tokens then a 5 s tool call, then a turn of one token: 2 + 5 + 10
+    decode steps of 0.1 s (the first token comes with the prefill) = 8 s; the longest trajectory sets it."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    long = FutureTrajectory(0, "f", 2.0, [FutureTurn(100, 0, 11, 5.0), FutureTurn(120, 110, 1, 0.0)])
+    short = FutureTrajectory(1, "f", 0.0, [FutureTurn(100, 0, 3, 0.0)])
+    assert critical_path_floor([long, short], 0.1) == pytest.approx(8.0)
+    assert critical_path_floor([], 0.1) == 0.0
+
+
+def test_no_allocation_ends_before_the_critical_path_floor():
+    """The floor is a lower bound on every candidate's simulated end (prefill-heavy and tool-bound phases)."""
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    heavy = sampler.new(["synthetic"], [1.0], 64, 0, np.random.default_rng(0))
+    tool_bound = [replace(ft, turns=[replace(t, tool_latency_s=300.0) for t in ft.turns[:-1]] + ft.turns[-1:])
+                  for ft in sampler.new(["synthetic"], [1.0], 16, 0, np.random.default_rng(1))]
+    for new in (heavy, tool_bound):
+        floor = critical_path_floor(new, planner.decode_floor_s)
+        for split in planner.candidates(COLOCATED):
+            roles = roles_for(split, 4)
+            assert floor <= planner.whatif.run([], roles, roles, new, 64).completion_s
+
+
+def test_a_plan_bound_by_its_critical_path_runs_only_the_present_allocation():
+    """Tool calls of 300 s between turns: the phase ends with its longest chain of tool calls whatever
+    the allocation, so the plan stays after one what-if run, as the full plan (every candidate run) does."""
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    new = [replace(ft, turns=[replace(t, tool_latency_s=300.0) for t in ft.turns[:-1]] + ft.turns[-1:])
+           for ft in sampler.new(["synthetic"], [1.0], 16, 0, np.random.default_rng(1))]
+    view = engines(roles_for(2, 4))
+    planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    d = planner.decide(view, 2, [], new, 64)
+    assert not d.switch and set(d.scores) == {2}
+    full = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    full.settled = lambda *args: False
+    whole = full.decide(view, 2, [], new, 64)
+    assert not whole.switch and set(whole.scores) == {COLOCATED, 1, 2, 3}
+    assert whole.scores[2] == d.scores[2] and full.whatif.events > 3 * planner.whatif.events
 
 
 def test_step_start_plan_prices_the_switch_from_the_present_roles():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
-from harness.cluster import ClusterConfig
+from harness.cluster import ClusterConfig, cost_model
 from harness.stats import intraclass_correlation, t975
 from harness.prorsa.estimate import product_limit
 from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
@@ -114,6 +114,7 @@ class Planner:
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates = max_candidates
         self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
+        self.decode_floor_s = decode_floor_s(cluster)
 
     def on_mean_end(self, to_end: bool) -> bool:
         """Whether a plan scores the mean end: in async RL, until the rolling set is the rest of the run
@@ -143,6 +144,17 @@ class Planner:
             step = max(1, n // self.max_candidates)
             splits = sorted({*range(step, n, step), *near} & set(range(1, n)))
         return ([COLOCATED] if self.allow_colocated else []) + splits
+
+    def settled(self, trajectories: list[FutureTrajectory], staying: Outcome, to_end: bool) -> bool:
+        """Whether no allocation can beat staying by the hysteresis, where the score is the last end:
+        none can end sooner than the longest chain of tool calls and decode steps
+        (`critical_path_floor`). Then no other candidate is run, and the decision is the one they
+        would give. Measured on the 1,000-in-flight plan of benchmarks/test_prorsa_overhead.py: the
+        floor is 0.98 of staying's end, and the plan runs one what-if instead of eight."""
+        if self.on_mean_end(to_end):
+            return False
+        floor = critical_path_floor(trajectories, self.decode_floor_s)
+        return floor >= self.score(staying, to_end) * (1 - self.hysteresis)
 
     def decide(self, view: ClusterView, current: int, futures: list[FutureTrajectory],
                new: list[FutureTrajectory], max_in_flight: int,
@@ -176,6 +188,9 @@ class Planner:
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
                                               new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
                                               launched_as=launched, then=then if split == current else None)
+            if split == current and self.settled([*futures, *new], outcomes[current], to_end):
+                self._last = {current: self.score(outcomes[current], to_end)}
+                return Decision(current, roles, False, dict(self._last), outcomes[current])
         scores = {k: self.score(o, to_end) for k, o in outcomes.items()}
         self._last = scores
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}
@@ -293,6 +308,27 @@ def decode_left(futures: list[FutureTrajectory]) -> dict[int, float]:
         if ft.in_progress and ft.route is not None and ft.turns:
             left[ft.route.decode_engine] = left.get(ft.route.decode_engine, 0.0) + ft.turns[0].output_tokens
     return left
+
+
+def decode_floor_s(cluster: ClusterConfig) -> float:
+    """The shortest decode step any engine of `cluster` takes: one sequence, no context, on the
+    fastest of the parallelisms an engine may be launched with (step times grow with batch and context)."""
+    floor = np.inf
+    for role in (Role.COLOCATED, Role.PREFILL, Role.DECODE):
+        model = cost_model(cluster, role)
+        seqs = np.zeros(model.par.dp, dtype=int)
+        seqs[0] = 1
+        floor = min(floor, float(model.decode_step_times(seqs, np.zeros(model.par.dp), 1)[0]))
+    return floor
+
+
+def critical_path_floor(futures: list[FutureTrajectory], decode_floor: float) -> float:
+    """A lower bound on when the last of `futures` ends under any allocation: each trajectory waits for
+    its next turn to be ready, then makes every tool call and, per turn, every decode step after the
+    first token (which the prefill gives) at `decode_floor` at least; queueing, prefill and transfers
+    only add to it."""
+    return max((ft.ready_s + sum(t.tool_latency_s + max(t.output_tokens - 1, 0) * decode_floor for t in ft.turns)
+                for ft in futures), default=0.0)
 
 
 INITIAL_TOLERANCE = 0.01   # a start this close to the best one is as good (a share of the best score)

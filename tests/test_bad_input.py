@@ -251,6 +251,44 @@ TRACE_FILE_CASES = [
     ("directory", lambda d: (d, None), ": no such trace file"),
 ]
 
+# Profile files (cluster.profile, cluster.contended_profile, Prorsa's policy.model.profile): (case id, the
+# file's content (text or bytes; None: the path is a directory), what the message must hold after
+# `KEY='PATH' is invalid; allowed: `). Each file is tried under each key.
+PROFILE_ROW = {"prefill": [{"new_tokens": 100, "cached_tokens": 0, "seconds": 0.01}],
+               "decode": [{"batch": 1, "context": 100, "seconds": 0.001}]}
+PROFILE_ROWS = "a profile file with prefill and decode rows (python -m harness.perf.calibrate writes one): "
+PROFILE_CASES = [
+    ("profile_not_json", "not a profile\n", PROFILE_ROWS + "not JSON (line 1 column 1: Expecting value)"),
+    ("profile_truncated", json.dumps(PROFILE_ROW)[:40], PROFILE_ROWS + "not JSON (line 1 column 34: Unterminated string"),
+    ("profile_empty_file", "", PROFILE_ROWS + "not JSON"),
+    ("profile_not_utf8", b'{"prefill": "\xff"}', PROFILE_ROWS + "not UTF-8 (byte 0xff at offset 13)"),
+    ("profile_empty_object", "{}", PROFILE_ROWS + "key 'prefill' is missing, not a non-empty list"),
+    ("profile_a_list", "[]", PROFILE_ROWS + "it holds a JSON list, not an object"),
+    ("profile_empty_lists", '{"prefill": [], "decode": []}', PROFILE_ROWS + "key 'prefill' is [], not a non-empty list"),
+    ("profile_no_decode", json.dumps({"prefill": PROFILE_ROW["prefill"]}),
+     PROFILE_ROWS + "key 'decode' is missing, not a non-empty list"),
+    ("profile_row_not_object", json.dumps({**PROFILE_ROW, "prefill": [1]}),
+     PROFILE_ROWS + "prefill[0]=1 is not an object with keys new_tokens, cached_tokens, seconds"),
+    ("profile_row_key_missing", json.dumps({**PROFILE_ROW, "decode": [{"batch": 1, "seconds": 0.001}]}),
+     PROFILE_ROWS + "decode[0].context is missing, not a number >= 0 and <= 1e+07"),
+    ("profile_row_text", json.dumps({**PROFILE_ROW, "prefill": [{"new_tokens": 1, "cached_tokens": 0,
+                                                                  "seconds": "fast"}]}),
+     PROFILE_ROWS + "prefill[0].seconds is 'fast', not a number >= 0 and <= 86400"),
+    ("profile_row_negative", json.dumps({**PROFILE_ROW, "decode": [{"batch": -1, "context": 1, "seconds": 1}]}),
+     PROFILE_ROWS + "decode[0].batch is -1, not a number >= 0 and <= 1e+07"),
+    ("profile_row_nan", json.dumps({**PROFILE_ROW, "decode": [{"batch": 1, "context": 1, "seconds": math.nan}]}),
+     PROFILE_ROWS + "decode[0].seconds is nan, not a number >= 0 and <= 86400"),
+    ("profile_row_huge", json.dumps({**PROFILE_ROW, "prefill": [{"new_tokens": 1e300, "cached_tokens": 0, "seconds": 1}]}),
+     PROFILE_ROWS + "prefill[0].new_tokens is 1e+300, not a number >= 0 and <= 1e+07"),
+    ("profile_a_directory", None, "an existing profile file (python -m harness.perf.calibrate writes one): Is a directory"),
+]
+PROFILE_KEYS = {  # key -> the overrides that make the run read the file at PATH under that key
+    "cluster.profile": ["cluster.cost_model=profiled", "cluster.profile=PATH"],
+    "cluster.contended_profile": ["cluster.cost_model=profiled", "cluster.profile=GOOD", "++cluster.contended_profile=PATH"],
+    "policy.model.profile": ["policy=prorsa", "policy.model.cost_model=profiled", "policy.model.profile=PATH"],
+}
+
+
 RUNNER = r"""
 import contextlib, io, json, os, runpy, sys
 from pathlib import Path
@@ -321,6 +359,20 @@ def cli(tmp_path_factory):
     cases.append({"id": "prior_is_bad", "argv": [f"hydra.run.dir={base / 'prior_is_bad'}", *trace_args(good),
                                                  f"workload.prior_path={bad_prior}"]})
     expected["prior_is_bad"] = f"{bad_prior}:2: field 'family': appears twice in one object"
+    profiles = base / "profiles"
+    profiles.mkdir()
+    (profiles / "good.json").write_text(json.dumps(PROFILE_ROW))
+    for cid, content, tail in PROFILE_CASES:
+        path = profiles / f"{cid}.json"
+        if content is None:
+            path.mkdir()
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        for key, overrides in PROFILE_KEYS.items():
+            kid = f"{cid}:{key}"
+            argv = [o.replace("GOOD", str(profiles / "good.json")).replace("PATH", str(path)) for o in overrides]
+            cases.append({"id": kid, "argv": [f"hydra.run.dir={base / kid}", *SMALL, *argv]})
+            expected[kid] = f"{key}={str(path)!r} is invalid; allowed: {tail}"
     for case in cases:
         case["run_dir"] = str(base / case["id"])
     (base / "cases.json").write_text(json.dumps(cases))
@@ -331,7 +383,8 @@ def cli(tmp_path_factory):
 
 
 ALL_IDS = ([c[0] for c in CONFIG_CASES] + [c[0] for c in TRACE_CASES] + [c[0] for c in TRACE_FILE_CASES]
-           + ["trace_batch_size", "trace_without_path", "prior_is_itself", "prior_is_bad"])
+           + ["trace_batch_size", "trace_without_path", "prior_is_itself", "prior_is_bad"]
+           + [f"{c[0]}:{key}" for c in PROFILE_CASES for key in PROFILE_KEYS])
 
 
 def test_enough_distinct_cases():
@@ -401,7 +454,13 @@ TOOL_CASES = [
     # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
     ("harness.perf.calibrate", ["bogus=1"], "harness.perf.calibrate: error: Could not override 'bogus'."),
     ("harness.perf.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
-    ("harness.fidelity", ["--profile", "missing.json"], "No such file or directory: 'missing.json'"),
+    ("harness.fidelity", ["--profile", "missing.json"],
+     "--profile='missing.json' is invalid; allowed: an existing profile file (python -m harness.perf.calibrate "
+     "writes one): No such file or directory"),
+    ("harness.fidelity", ["--profile", str(ROOT / "README.md")],
+     f"--profile={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
+    ("harness.perf.calibrate", ["--refit", str(ROOT / "README.md")],
+     f"--refit={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
     ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
     ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
     ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),

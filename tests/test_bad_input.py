@@ -190,6 +190,22 @@ CONFIG_CASES = [
     ("tool_latency_cap_absurd", ["workload=swe", "workload.tool_latency.0.high=1e12"],
      "workload.tool_latency[0].high=1000000000000.0 is invalid"),
     ("mix_batch_absurd", ["workload=mix", "workload.batch_size=100000000"], "workload.batch_size=100000000 is invalid"),
+    # `_target_`s resolved as Hydra's instantiate resolves them, its blocklist included (aliases too).
+    ("backend_target_blocklisted", ["backend._target_=os.system"],
+     "backend._target_='os.system' is invalid; allowed: an importable class that Hydra's instantiate accepts "
+     "(Target 'os.system' is blocklisted"),
+    ("backend_target_alias", ["backend._target_=logging.os.system"],
+     "backend._target_='logging.os.system' is invalid; allowed: an importable class that Hydra's instantiate "
+     "accepts (Target 'os.system' (resolved from 'logging.os.system') is blocklisted"),
+    ("backend_target_unknown", ["backend._target_=nonexistent.Backend"],
+     "backend._target_='nonexistent.Backend' is invalid; allowed: an importable class that Hydra's instantiate "
+     "accepts (Error locating target 'nonexistent.Backend'"),
+    ("policy_target_blocklisted", ["policy._target_=subprocess.Popen"],
+     "policy._target_='subprocess.Popen' is invalid; allowed: an importable class that Hydra's instantiate"),
+    ("workload_target_blocklisted", ["workload._target_=builtins.exec"],
+     "workload._target_='builtins.exec' is invalid; allowed: an importable class that Hydra's instantiate"),
+    ("logger_target_blocklisted", ["logger._target_=os.system"],
+     "logger._target_='os.system' is invalid; allowed: an importable class that Hydra's instantiate"),
     # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
     ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
     ("unknown_top_level", ["foo=1"], "Key 'foo' is not in struct"),
@@ -518,3 +534,4 @@ def test_a_users_baseline_with_good_keys_passes():
     from harness.experiment import checked
     checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", "threshold": 4, "ratio": 1, "enabled": False,
                               "label": "x", "engines": [0, 1], "anything": {"a": 1}}), "policy")
+

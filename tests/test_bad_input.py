@@ -535,3 +535,50 @@ def test_a_users_baseline_with_good_keys_passes():
     checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", "threshold": 4, "ratio": 1, "enabled": False,
                               "label": "x", "engines": [0, 1], "anything": {"a": 1}}), "policy")
 
+
+# Where a tool writes (an option naming a directory or a file): one it cannot write is refused before any
+# work, with the option named. {base}: a read-only directory (a tmpfs mounted read-only) or a regular file.
+TOOL_OUTPUT_CASES = [
+    ("harness.fidelity", ["--profile", str(ROOT / "results/calibration/vllm_cpu.json"), "--out", "{base}/fid"], "--out"),
+    ("harness.fidelity", ["--compare", "{base}/fid"], "--compare"),
+    ("harness.perf.calibrate", ["--out", "{base}/profile.json"], "--out"),
+    ("harness.perf.calibrate", ["--refit", "{base}/profile.json"], "--refit"),
+    ("workloads.card", ["--out", "{base}/cards"], "--out"),
+    ("workloads.card", ["--export", "{base}/trace.jsonl", "--no-figure"], "--export"),
+    ("harness.report", [str(ROOT / "results"), "--out", "{base}/report"], "--out"),
+]
+
+
+def snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(d)): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in d.rglob("*")}
+
+
+def run_tool_writing_to(module: str, args: list[str], base: Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *(a.format(base=base) for a in args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *PYTHONPATH])})
+
+
+@pytest.mark.parametrize("module,args,option", TOOL_OUTPUT_CASES, ids=[f"{m}:{o}" for m, _, o in TOOL_OUTPUT_CASES])
+def test_tool_output_under_a_file_is_refused(tmp_path, module, args, option):
+    (tmp_path / "a_file").write_text("mine")
+    before = snapshot(tmp_path)
+    res = run_tool_writing_to(module, args, tmp_path / "a_file", tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert f"error: {option}='{tmp_path / 'a_file'}/" in res.stderr, res.stderr[-3000:]
+    assert f"({tmp_path / 'a_file'} is not a directory)" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_tool_output_in_a_read_only_directory_is_refused(tmp_path):
+    from tests.test_run_dir_faults import tmpfs
+    with tmpfs(tmp_path / "ro", ",ro") as ro:
+        before = snapshot(tmp_path)
+        for module, args, option in TOOL_OUTPUT_CASES:
+            res = run_tool_writing_to(module, args, ro, tmp_path)
+            assert res.returncode == 2, (module, res.stderr[-3000:])
+            assert f"error: {option}='{ro}/" in res.stderr and f"({ro} is read-only)" in res.stderr, res.stderr[-3000:]
+            assert "Traceback" not in res.stdout + res.stderr
+        assert snapshot(tmp_path) == before

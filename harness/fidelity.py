@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from harness import cli
+from harness.rundir import check_writable
 
 log = logging.getLogger("harness.fidelity")
 
@@ -231,8 +232,9 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile).
     `contended`: a contended profile, for the simulator's model of servers sharing this host."""
     from harness.experiment import run_experiment
-    from harness.perf.calibrate import compose_config, machine_mismatch, read_profile
-    mismatch = machine_mismatch(read_profile(profile))
+    from harness.perf.calibrate import compose_config, machine_mismatch
+    from harness.perf.profiled import read_profile
+    mismatch = machine_mismatch(read_profile(profile, "--profile"))
     if mismatch:
         log.warning("profile %s may not hold on this machine: %s; calibrate here first "
                     "(--calibrate quick or --calibrate full)", profile, mismatch)
@@ -287,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(args) -> None:
     real_from = Path(args.real_from) if args.real_from else None
     if args.compare:
+        check_writable("--compare", args.compare)
         d = Path(args.compare)
         report(d, [p for p in (policy_overrides(s)[0] for s in args.policies.split(",")) if (d / p).exists()],
                real_from)
@@ -306,6 +309,7 @@ def _main(args) -> None:
     if args.contended and not Path(args.contended).is_file():
         raise ValueError(f"--contended={args.contended!r} is invalid; allowed: an existing profile file "
                          "(python -m harness.perf.calibrate --contended writes one)")
+    check_writable("--out", args.out)   # before the engines run: their results would be lost
     profile, contended = args.profile, args.contended or None
     if args.calibrate:
         profile = str(Path(args.out) / "profile.json")

@@ -14,7 +14,8 @@ into OUT (default: the first DIR):
   (completion_cdf_*), makespan vs the P:D split of fixed_pd runs (makespan_vs_pd_*) and, per prorsa
   policy, its decisions and forecast over time (prorsa_timeline_*); over all rows, speedup bars
   (speedup_bars).
-A failed or partial run is listed in a "failed runs" section and never enters a mean.
+A failed, partial or broken run (a file of it that cannot be read: truncated, not JSON, a NaN time) is
+listed in a "failed runs" section, naming its directory and what is wrong, and never enters a table or figure.
 With `--wandb [PROJECT]` the report is also one W&B run (job type "report", offline unless WANDB_MODE
 says otherwise, under OUT/wandb): speedup.csv as a W&B table and every PNG figure as an image.
 """
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness import cli
+from harness import cli, rundir
 from harness.figure_style import COLORS, LOOKS, PAGE_IN, ROLE_COLORS, policy_label, policy_look, policy_order, rc
 from harness.wandb_logger import PROJECT
 
@@ -113,36 +114,124 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return flat
 
 
-def load_run(path: Path) -> Run:
-    hydra_dir = path / ".hydra"
-    config = yaml.safe_load((hydra_dir / "config.yaml").read_text()) if (hydra_dir / "config.yaml").exists() else {}
-    overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) if (hydra_dir / "overrides.yaml").exists() else []
-    run = Run(path, None, _flatten(config or {}), list(overrides or []))
+# What a run's files must hold for the report to read them: .hydra/config.yaml's top-level keys,
+# summary.json's keys (numbers finite), and the columns of the parquet files the figures read.
+CONFIG_KEYS = ("policy", "workload", "mode", "cluster", "seed")
+SUMMARY_TEXT = ("policy", "workload", "mode", "cluster")
+SUMMARY_NUMBERS = ("seed", "num_trajectories", "completed_trajectories", "rollout_time_s", "lower_bound_s",
+                   "efficiency_vs_lower_bound")
+PARQUET_COLUMNS = {"lifecycle.parquet": ("trajectory_id", "t_ready", "t_decode_end"),
+                   "timeseries.parquet": ("t_s", "prefill_demand_tokens", "decode_requests"),
+                   "forecast.parquet": ("t", "bin", "prefill_forecast", "prefill_actual")}
+
+
+class Broken(Exception):
+    """A run's file the report cannot read as it needs it; the message names the file and what is wrong."""
+
+
+def _read(path: Path, parse):
+    """`parse` of the file's text, or Broken naming it (relative to the run directory) and why."""
+    name = path.name if path.parent.name != ".hydra" else f".hydra/{path.name}"
+    try:
+        return parse(path.read_bytes().decode())
+    except UnicodeDecodeError as exc:
+        raise Broken(f"{name}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:   # JSONDecodeError is a ValueError
+        raise Broken(f"{name}: cannot be read ({' '.join(str(exc).split())})") from None
+
+
+def _check_summary(summary) -> None:
+    if not isinstance(summary, dict):
+        raise Broken(f"summary.json: a JSON {type(summary).__name__}, not an object")
+    for key in SUMMARY_TEXT:
+        if not isinstance(summary.get(key), str):
+            raise Broken(f"summary.json: {key}={summary.get(key)!r}, not a string")
+    for key in SUMMARY_NUMBERS:
+        v = summary.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise Broken(f"summary.json: {key}={v!r}, not a finite number")
+    if summary["rollout_time_s"] <= 0:
+        raise Broken(f"summary.json: rollout_time_s={summary['rollout_time_s']!r}, not > 0")
+
+
+def _check_parquet(path: Path) -> None:
+    """The file's footer and the columns the figures read (a truncated file has no footer)."""
+    import pyarrow.parquet as pq
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception as exc:   # noqa: BLE001 - pyarrow's errors for a damaged file have no common base
+        raise Broken(f"{path.name}: not a readable parquet file ({' '.join(str(exc).split())})") from None
+    missing = [c for c in PARQUET_COLUMNS[path.name] if c not in names]
+    if missing:
+        raise Broken(f"{path.name}: no column {', '.join(missing)}")
+
+
+def _fill(run: Run) -> None:
+    """Reads the run's files into `run`; raises Broken for one that cannot be read."""
+    path, hydra_dir = run.path, run.path / ".hydra"
+    if (hydra_dir / "config.yaml").exists():
+        config = _read(hydra_dir / "config.yaml", yaml.safe_load)
+        missing = [k for k in CONFIG_KEYS if not isinstance(config, dict) or k not in config]
+        if missing:
+            raise Broken(f".hydra/config.yaml: no {', '.join(missing)} (truncated, or not a run's config)")
+        run.config = _flatten(config)
+    if (hydra_dir / "overrides.yaml").exists():
+        overrides = _read(hydra_dir / "overrides.yaml", yaml.safe_load) or []
+        if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+            raise Broken(".hydra/overrides.yaml: not a list of overrides")
+        run.overrides = overrides
     if (path / "error.json").exists():
-        error = json.loads((path / "error.json").read_text())
+        error = _read(path / "error.json", json.loads)
+        if not (isinstance(error, dict) and isinstance(error.get("message"), str)):
+            raise Broken("error.json: not an object with a message")
         run.problem = "failed: " + error["message"]
-        run.overrides = run.overrides or error.get("overrides", [])
+        run.overrides = run.overrides or list(error.get("overrides") or [])
     elif not (path / "summary.json").exists():
         run.problem = "partial: no summary.json (crashed, killed or still running)"
     else:
-        run.summary = json.loads((path / "summary.json").read_text())
-        done, total = run.summary["completed_trajectories"], run.summary["num_trajectories"]
+        summary = _read(path / "summary.json", json.loads)
+        _check_summary(summary)
+        done, total = summary["completed_trajectories"], summary["num_trajectories"]
         if done < total:
             run.problem = f"partial: {done} of {total} trajectories completed"
+            return
+        if not (path / "lifecycle.parquet").exists():
+            raise Broken("lifecycle.parquet: missing")
+        for name in PARQUET_COLUMNS:
+            if (path / name).exists():
+                _check_parquet(path / name)
+        run.summary = summary
+
+
+def load_run(path: Path) -> Run:
+    """A run directory's files as the report reads them. A file that cannot be read (truncated, not
+    JSON, a NaN time) makes the run broken: listed with the file and what is wrong, left out of every
+    table and figure, so that the report never stops half-written."""
+    run = Run(path, None, {}, [])
+    try:
+        _fill(run)
+    except Broken as exc:
+        run.summary, run.problem = None, f"broken: {exc}"
     return run
 
 
 def find_runs(dirs: list[Path]) -> list[Run]:
     """Every run directory under `dirs` (one holding summary.json, error.json or .hydra), following
-    symbolic links, so a report can gather runs of several sweeps linked into one directory."""
-    paths = set()
+    symbolic links, so a report can gather runs of several sweeps linked into one directory. A directory
+    is visited once whatever the paths to it: a link loop ends, a run linked twice counts once."""
+    paths, seen = [], set()
     for d in dirs:
         for root, subdirs, files in os.walk(d, followlinks=True):
+            real = os.path.realpath(root)
+            if real in seen:
+                subdirs.clear()
+                continue
+            seen.add(real)
             here = Path(root)
             if "wandb" in here.relative_to(d).parts:
                 continue
             if {"summary.json", "error.json"} & set(files) or ".hydra" in subdirs:
-                paths.add(here)
+                paths.append(here)
     return [load_run(p) for p in sorted(paths)]
 
 
@@ -428,7 +517,7 @@ def write_tables(runs: list[Run], out: Path) -> Tables:
     failed = _failed_lines(runs)
     names = row_names(df)
     speed, eff = _display(table, "speedup", names), _display(table, "efficiency", names)
-    md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed or partial.\n",
+    md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed, partial or broken.\n",
           f"## {SPEEDUP_CAPTION}\n", md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", md_table(eff),
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
     decided = [r for r in runs if r.complete and r.summary.get("prorsa_decisions")]
@@ -805,13 +894,20 @@ def _main(parser, args) -> None:
     if missing:
         parser.error(f"not a directory: {', '.join(map(str, missing))}")
     out = args.out or args.dirs[0]
+    try:   # before anything is read: a read-only directory or a file there ends the report at once
+        rundir.check_writable("--out", str(out))
+    except rundir.BadRunDir as exc:
+        parser.error(str(exc))
     runs = find_runs(args.dirs)
     if not runs:
         parser.error(f"no runs (summary.json, error.json or .hydra) under {', '.join(map(str, args.dirs))}")
-    tables, figures = report(runs, out)
+    try:
+        tables, figures = report(runs, out)
+    except OSError as exc:   # a full disk: the files written so far stay; the message says where
+        parser.error(f"cannot write the report in {out}: {exc.strerror or exc}")
     failed = [r for r in runs if not r.complete]
     print(console_text(tables) + "\n")
-    print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed or partial; wrote {out}/speedup.csv, "
+    print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed, partial or broken; wrote {out}/speedup.csv, "
           f".md, .tex and {len(figures)} figure files in {out}/figures")
     for line in _failed_lines(runs):
         print(f"  not included: {line}")

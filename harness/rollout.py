@@ -205,6 +205,7 @@ class RolloutDriver:
 
     def _trajectory_end(self, tid: int) -> None:
         script = self.scripts[tid]
+        del self.context[tid]   # its prompt size is needed no more: memory stays flat over a long run
         self._emit(LifecycleEvent(EventKind.TRAJECTORY_END, self.backend.now(), tid, len(script.turns) - 1))
         self.completed += 1
         if self.completed == self.total:

@@ -35,13 +35,18 @@ def check_own_dir(key: str, value: str) -> None:
             f"({cwd}) or one above it (e.g. {key}=results/runs/mine)")
 
 
-def check_writable(key: str, value: str) -> None:
-    """The directory `key` names, or the nearest one above it that exists, can be written: else Hydra's
-    log set-up fails with a traceback ("Unable to configure handler 'file'") before the run starts."""
+def check_writable(key: str, value: str, file: bool = False) -> None:
+    """The directory `key` names (with `file`: the directory of the file it names), or the nearest one
+    above it that exists, can be written: else Hydra's log set-up fails with a traceback ("Unable to
+    configure handler 'file'") before the run starts, and a tool fails after its work is done."""
     path = Path(value).resolve()
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    if file and path.is_dir():
+        raise BadRunDir(f"{key}={value!r} is invalid; allowed: a file that can be written ({path} is a directory)")
+    directory = path.parent if file else path
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
     if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
-        raise BadRunDir(f"{key}={value!r} is invalid; allowed: a directory that can be written ({existing} "
+        allowed = "a file in a directory that can be written" if file else "a directory that can be written"
+        raise BadRunDir(f"{key}={value!r} is invalid; allowed: {allowed} ({existing} "
                         f"is {'read-only' if existing.is_dir() else 'not a directory'})")
 
 

@@ -194,6 +194,22 @@ CONFIG_CASES = [
     ("tool_latency_cap_absurd", ["workload=swe", "workload.tool_latency.0.high=1e12"],
      "workload.tool_latency[0].high=1000000000000.0 is invalid"),
     ("mix_batch_absurd", ["workload=mix", "workload.batch_size=100000000"], "workload.batch_size=100000000 is invalid"),
+    # `_target_`s resolved as Hydra's instantiate resolves them, its blocklist included (aliases too).
+    ("backend_target_blocklisted", ["backend._target_=os.system"],
+     "backend._target_='os.system' is invalid; allowed: an importable class that Hydra's instantiate accepts "
+     "(Target 'os.system' is blocklisted"),
+    ("backend_target_alias", ["backend._target_=logging.os.system"],
+     "backend._target_='logging.os.system' is invalid; allowed: an importable class that Hydra's instantiate "
+     "accepts (Target 'os.system' (resolved from 'logging.os.system') is blocklisted"),
+    ("backend_target_unknown", ["backend._target_=nonexistent.Backend"],
+     "backend._target_='nonexistent.Backend' is invalid; allowed: an importable class that Hydra's instantiate "
+     "accepts (Error locating target 'nonexistent.Backend'"),
+    ("policy_target_blocklisted", ["policy._target_=subprocess.Popen"],
+     "policy._target_='subprocess.Popen' is invalid; allowed: an importable class that Hydra's instantiate"),
+    ("workload_target_blocklisted", ["workload._target_=builtins.exec"],
+     "workload._target_='builtins.exec' is invalid; allowed: an importable class that Hydra's instantiate"),
+    ("logger_target_blocklisted", ["logger._target_=os.system"],
+     "logger._target_='os.system' is invalid; allowed: an importable class that Hydra's instantiate"),
     # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
     ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
     ("unknown_top_level", ["foo=1"], "Key 'foo' is not in struct"),
@@ -254,6 +270,44 @@ TRACE_FILE_CASES = [
     ("missing_file", lambda d: (d / "missing.jsonl", None), ": no such trace file"),
     ("directory", lambda d: (d, None), ": no such trace file"),
 ]
+
+# Profile files (cluster.profile, cluster.contended_profile, Prorsa's policy.model.profile): (case id, the
+# file's content (text or bytes; None: the path is a directory), what the message must hold after
+# `KEY='PATH' is invalid; allowed: `). Each file is tried under each key.
+PROFILE_ROW = {"prefill": [{"new_tokens": 100, "cached_tokens": 0, "seconds": 0.01}],
+               "decode": [{"batch": 1, "context": 100, "seconds": 0.001}]}
+PROFILE_ROWS = "a profile file with prefill and decode rows (python -m harness.perf.calibrate writes one): "
+PROFILE_CASES = [
+    ("profile_not_json", "not a profile\n", PROFILE_ROWS + "not JSON (line 1 column 1: Expecting value)"),
+    ("profile_truncated", json.dumps(PROFILE_ROW)[:40], PROFILE_ROWS + "not JSON (line 1 column 34: Unterminated string"),
+    ("profile_empty_file", "", PROFILE_ROWS + "not JSON"),
+    ("profile_not_utf8", b'{"prefill": "\xff"}', PROFILE_ROWS + "not UTF-8 (byte 0xff at offset 13)"),
+    ("profile_empty_object", "{}", PROFILE_ROWS + "key 'prefill' is missing, not a non-empty list"),
+    ("profile_a_list", "[]", PROFILE_ROWS + "it holds a JSON list, not an object"),
+    ("profile_empty_lists", '{"prefill": [], "decode": []}', PROFILE_ROWS + "key 'prefill' is [], not a non-empty list"),
+    ("profile_no_decode", json.dumps({"prefill": PROFILE_ROW["prefill"]}),
+     PROFILE_ROWS + "key 'decode' is missing, not a non-empty list"),
+    ("profile_row_not_object", json.dumps({**PROFILE_ROW, "prefill": [1]}),
+     PROFILE_ROWS + "prefill[0]=1 is not an object with keys new_tokens, cached_tokens, seconds"),
+    ("profile_row_key_missing", json.dumps({**PROFILE_ROW, "decode": [{"batch": 1, "seconds": 0.001}]}),
+     PROFILE_ROWS + "decode[0].context is missing, not a number >= 0 and <= 1e+07"),
+    ("profile_row_text", json.dumps({**PROFILE_ROW, "prefill": [{"new_tokens": 1, "cached_tokens": 0,
+                                                                  "seconds": "fast"}]}),
+     PROFILE_ROWS + "prefill[0].seconds is 'fast', not a number >= 0 and <= 86400"),
+    ("profile_row_negative", json.dumps({**PROFILE_ROW, "decode": [{"batch": -1, "context": 1, "seconds": 1}]}),
+     PROFILE_ROWS + "decode[0].batch is -1, not a number >= 0 and <= 1e+07"),
+    ("profile_row_nan", json.dumps({**PROFILE_ROW, "decode": [{"batch": 1, "context": 1, "seconds": math.nan}]}),
+     PROFILE_ROWS + "decode[0].seconds is nan, not a number >= 0 and <= 86400"),
+    ("profile_row_huge", json.dumps({**PROFILE_ROW, "prefill": [{"new_tokens": 1e300, "cached_tokens": 0, "seconds": 1}]}),
+     PROFILE_ROWS + "prefill[0].new_tokens is 1e+300, not a number >= 0 and <= 1e+07"),
+    ("profile_a_directory", None, "an existing profile file (python -m harness.perf.calibrate writes one): Is a directory"),
+]
+PROFILE_KEYS = {  # key -> the overrides that make the run read the file at PATH under that key
+    "cluster.profile": ["cluster.cost_model=profiled", "cluster.profile=PATH"],
+    "cluster.contended_profile": ["cluster.cost_model=profiled", "cluster.profile=GOOD", "++cluster.contended_profile=PATH"],
+    "policy.model.profile": ["policy=prorsa", "policy.model.cost_model=profiled", "policy.model.profile=PATH"],
+}
+
 
 RUNNER = r"""
 import contextlib, io, json, os, runpy, sys
@@ -325,6 +379,20 @@ def cli(tmp_path_factory):
     cases.append({"id": "prior_is_bad", "argv": [f"hydra.run.dir={base / 'prior_is_bad'}", *trace_args(good),
                                                  f"workload.prior_path={bad_prior}"]})
     expected["prior_is_bad"] = f"{bad_prior}:2: field 'family': appears twice in one object"
+    profiles = base / "profiles"
+    profiles.mkdir()
+    (profiles / "good.json").write_text(json.dumps(PROFILE_ROW))
+    for cid, content, tail in PROFILE_CASES:
+        path = profiles / f"{cid}.json"
+        if content is None:
+            path.mkdir()
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        for key, overrides in PROFILE_KEYS.items():
+            kid = f"{cid}:{key}"
+            argv = [o.replace("GOOD", str(profiles / "good.json")).replace("PATH", str(path)) for o in overrides]
+            cases.append({"id": kid, "argv": [f"hydra.run.dir={base / kid}", *SMALL, *argv]})
+            expected[kid] = f"{key}={str(path)!r} is invalid; allowed: {tail}"
     for case in cases:
         case["run_dir"] = str(base / case["id"])
     (base / "cases.json").write_text(json.dumps(cases))
@@ -335,7 +403,8 @@ def cli(tmp_path_factory):
 
 
 ALL_IDS = ([c[0] for c in CONFIG_CASES] + [c[0] for c in TRACE_CASES] + [c[0] for c in TRACE_FILE_CASES]
-           + ["trace_batch_size", "trace_without_path", "prior_is_itself", "prior_is_bad"])
+           + ["trace_batch_size", "trace_without_path", "prior_is_itself", "prior_is_bad"]
+           + [f"{c[0]}:{key}" for c in PROFILE_CASES for key in PROFILE_KEYS])
 
 
 def test_enough_distinct_cases():
@@ -405,7 +474,13 @@ TOOL_CASES = [
     # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
     ("harness.perf.calibrate", ["bogus=1"], "harness.perf.calibrate: error: Could not override 'bogus'."),
     ("harness.perf.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
-    ("harness.fidelity", ["--profile", "missing.json"], "No such file or directory: 'missing.json'"),
+    ("harness.fidelity", ["--profile", "missing.json"],
+     "--profile='missing.json' is invalid; allowed: an existing profile file (python -m harness.perf.calibrate "
+     "writes one): No such file or directory"),
+    ("harness.fidelity", ["--profile", str(ROOT / "README.md")],
+     f"--profile={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
+    ("harness.perf.calibrate", ["--refit", str(ROOT / "README.md")],
+     f"--refit={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
     ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
     ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
     ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),
@@ -463,3 +538,51 @@ def test_a_users_baseline_with_good_keys_passes():
     from harness.experiment import checked
     checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", "threshold": 4, "ratio": 1, "enabled": False,
                               "label": "x", "engines": [0, 1], "anything": {"a": 1}}), "policy")
+
+
+# Where a tool writes (an option naming a directory or a file): one it cannot write is refused before any
+# work, with the option named. {base}: a read-only directory (a tmpfs mounted read-only) or a regular file.
+TOOL_OUTPUT_CASES = [
+    ("harness.fidelity", ["--profile", str(ROOT / "results/calibration/vllm_cpu.json"), "--out", "{base}/fid"], "--out"),
+    ("harness.fidelity", ["--compare", "{base}/fid"], "--compare"),
+    ("harness.perf.calibrate", ["--out", "{base}/profile.json"], "--out"),
+    ("harness.perf.calibrate", ["--refit", "{base}/profile.json"], "--refit"),
+    ("workloads.card", ["--out", "{base}/cards"], "--out"),
+    ("workloads.card", ["--export", "{base}/trace.jsonl", "--no-figure"], "--export"),
+    ("harness.report", [str(ROOT / "results"), "--out", "{base}/report"], "--out"),
+]
+
+
+def snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(d)): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in d.rglob("*")}
+
+
+def run_tool_writing_to(module: str, args: list[str], base: Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *(a.format(base=base) for a in args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *PYTHONPATH])})
+
+
+@pytest.mark.parametrize("module,args,option", TOOL_OUTPUT_CASES, ids=[f"{m}:{o}" for m, _, o in TOOL_OUTPUT_CASES])
+def test_tool_output_under_a_file_is_refused(tmp_path, module, args, option):
+    (tmp_path / "a_file").write_text("mine")
+    before = snapshot(tmp_path)
+    res = run_tool_writing_to(module, args, tmp_path / "a_file", tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert f"error: {option}='{tmp_path / 'a_file'}/" in res.stderr, res.stderr[-3000:]
+    assert f"({tmp_path / 'a_file'} is not a directory)" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_tool_output_in_a_read_only_directory_is_refused(tmp_path):
+    from tests.test_run_dir_faults import tmpfs
+    with tmpfs(tmp_path / "ro", ",ro") as ro:
+        before = snapshot(tmp_path)
+        for module, args, option in TOOL_OUTPUT_CASES:
+            res = run_tool_writing_to(module, args, ro, tmp_path)
+            assert res.returncode == 2, (module, res.stderr[-3000:])
+            assert f"error: {option}='{ro}/" in res.stderr and f"({ro} is read-only)" in res.stderr, res.stderr[-3000:]
+            assert "Traceback" not in res.stdout + res.stderr
+        assert snapshot(tmp_path) == before

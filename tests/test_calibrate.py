@@ -12,9 +12,9 @@ import pytest
 
 from harness.fidelity import compare, role_mismatch, switches
 from harness.perf.calibrate import (StepMeasurement, fit_kv_transfer, fit_roofline, measurements_from_profile,
-                                    profile_from_measurements, profiled_errors, read_profile, write_profile)
+                                    profile_from_measurements, profiled_errors, write_profile)
 from harness.perf.catalogue import gpu_catalogue, model_catalogue, perf_defaults
-from harness.perf.profiled import ProfiledCostModel, fit_profile
+from harness.perf.profiled import ProfiledCostModel, fit_profile, load_profile, read_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RooflineCostModel
 
 # Known constants, deliberately away from perf.yaml's defaults (the fit starts from those).
@@ -82,7 +82,7 @@ def test_profile_round_trip(tmp_path):
     p = linear_profile()
     path = tmp_path / "profile.json"
     write_profile(path, p)
-    back = read_profile(path)
+    back = read_profile(str(path), "cluster.profile")
     assert measurements_from_profile(back) == measurements_from_profile(p)
     assert back["meta"] == {"source": "test"}
     k = fit_profile(back)
@@ -91,7 +91,8 @@ def test_profile_round_trip(tmp_path):
     assert max(profiled_errors(back).values()) < 1e-9
     # The simulator's cost model reads the same file and gives back the generating step times.
     model, gpu = model_catalogue()["qwen3_tiny"], gpu_catalogue()["cpu_core"]
-    cm = ProfiledCostModel.from_file(str(path), model, gpu, PerfConstants(**perf_defaults()), Parallelism())
+    cm = ProfiledCostModel(load_profile(str(path), "cluster.profile").fit, model, gpu, PerfConstants(**perf_defaults()),
+                           Parallelism())
     for m in measurements_from_profile(back):
         assert cm.step_time([m.rank_batch()]) == pytest.approx(m.seconds, rel=1e-6)
 
@@ -99,8 +100,8 @@ def test_profile_round_trip(tmp_path):
 def test_read_profile_rejects_missing_rows(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"prefill": [], "decode": [{"batch": 1, "context": 1, "seconds": 1}]}))
-    with pytest.raises(ValueError, match="prefill"):
-        read_profile(path)
+    with pytest.raises(ValueError, match="key 'prefill' is \\[\\], not a non-empty list"):
+        read_profile(str(path), "cluster.profile")
 
 
 def test_simulator_runs_on_a_calibrated_profile(tmp_path, small):

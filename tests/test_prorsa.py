@@ -3,6 +3,7 @@ error bookkeeping, the what-if performance model against measured runs, the plan
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.api import EventKind as K
@@ -151,6 +152,29 @@ def test_forecast_error_is_recorded_per_bin():
     first = rows[rows.t == 2.0].set_index("bin")
     assert first.loc[1, "prefill_forecast"] == first.loc[1, "prefill_actual"] == 250
     assert err["forecast_wape_decode"][0] == 0.0 and err["forecast_wape_decode"][2] == pytest.approx(1.0)
+
+
+def test_forecaster_keeps_arrivals_for_a_window_and_reports_as_if_it_kept_all():
+    """Arrivals are dropped once no forecast can count them; the frame is the one all arrivals give."""
+    rng = np.random.default_rng(0)
+    f = Forecaster(horizon_s=4.0, bins=4)
+    arrivals, kept = [], []
+    for k in range(2000):
+        t = k * 0.1
+        if k % 20 == 0:
+            f.history.append(Forecast(t, 1.0, rng.integers(0, 500, 4).astype(float), rng.random(4)))
+        for _ in range(int(rng.integers(0, 3))):
+            tokens = int(rng.integers(1, 1000))
+            f.observe_arrival(t, tokens)
+            arrivals.append((t, tokens))
+        if k % 5 == 0:
+            f.observe_decoding(t, int(rng.integers(0, 50)))
+        kept.append(len(f.arrivals))
+    assert max(kept) < 200 < len(arrivals)        # about two horizons of arrivals, not all 2000 ticks'
+    reference = Forecaster(horizon_s=4.0, bins=4)
+    reference.history, reference.actual_decode, reference.arrivals = f.history, f.actual_decode, arrivals
+    pd.testing.assert_frame_equal(f.frame(), reference.frame())
+    assert len(f.frame()) == 4 * 98 and len(f.prefill_actual) == 96   # 2 settled at the end
 
 
 HEAVY = ["+experiment=heavy_prefill", "mode.num_steps=1", "workload.batch_size=8", "cluster.num_engines=4"]

@@ -104,7 +104,7 @@ def test_report_files_name_failed_runs_and_figures_exist(sweep, capsys):
                  "completion_cdf_search_sync_dense_h100", "makespan_vs_pd_search_sync_dense_h100", "speedup_bars"]:
         for ext in ("png", "pdf"):
             assert (figures / f"{stem}.{ext}").stat().st_size > 1000, stem
-    assert "3 failed or partial" in capsys.readouterr().out
+    assert "3 failed, partial or broken" in capsys.readouterr().out
 
 
 def test_hindsight_best_includes_colocation_and_an_oracle_below_it_is_flagged(tmp_path, caplog):
@@ -525,3 +525,120 @@ def test_tick_labels_never_collide_with_many_rows(tmp_path, monkeypatch):
         for i, a in enumerate(boxes):
             assert not any(a.overlaps(b) for b in boxes[i + 1:]), "tick labels overlap"
     assert len(bars["tick_boxes"][0]) >= 2 * len(workloads)
+
+
+# --- broken inputs -----------------------------------------------------------------------------------
+# A run whose file cannot be read (case id, how it is damaged, what the report must say of it): listed as
+# broken with its directory and the file, left out of every table and figure; the report still completes.
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def set_summary(d: Path, **keys) -> None:
+    (d / "summary.json").write_text(json.dumps({**json.loads((d / "summary.json").read_text()), **keys}))
+
+
+BROKEN = [
+    ("summary_truncated", lambda d: truncate(d / "summary.json"), "summary.json: cannot be read (Expecting property name"),
+    ("summary_empty", lambda d: (d / "summary.json").write_text(""), "summary.json: cannot be read (Expecting value"),
+    ("summary_not_utf8", lambda d: (d / "summary.json").write_bytes(b'{"policy": "\xff"}'),
+     "summary.json: not UTF-8 (byte 0xff at offset 12)"),
+    ("summary_a_list", lambda d: (d / "summary.json").write_text("[]"), "summary.json: a JSON list, not an object"),
+    ("summary_rollout_nan", lambda d: set_summary(d, rollout_time_s=float("nan")),
+     "summary.json: rollout_time_s=nan, not a finite number"),
+    ("summary_rollout_zero", lambda d: set_summary(d, rollout_time_s=0), "summary.json: rollout_time_s=0, not > 0"),
+    ("summary_lower_bound_inf", lambda d: set_summary(d, lower_bound_s=float("inf")),
+     "summary.json: lower_bound_s=inf, not a finite number"),
+    ("summary_policy_missing", lambda d: set_summary(d, policy=None), "summary.json: policy=None, not a string"),
+    ("error_truncated", lambda d: (d / "error.json").write_text('{"message": "poli'),
+     "error.json: cannot be read (Unterminated string"),
+    ("error_no_message", lambda d: (d / "error.json").write_text('{"error": "ValueError"}'),
+     "error.json: not an object with a message"),
+    ("config_truncated_in_a_value", lambda d: (d / ".hydra" / "config.yaml").write_text("policy: {_target_: [\n"),
+     ".hydra/config.yaml: cannot be read (while parsing"),
+    ("config_truncated_at_a_line", lambda d: (d / ".hydra" / "config.yaml").write_text("policy:\n  _target_: x\n"),
+     ".hydra/config.yaml: no workload, mode, cluster, seed (truncated, or not a run's config)"),
+    ("overrides_not_a_list", lambda d: (d / ".hydra" / "overrides.yaml").write_text("policy: x\n"),
+     ".hydra/overrides.yaml: not a list of overrides"),
+    ("lifecycle_truncated", lambda d: truncate(d / "lifecycle.parquet"), "lifecycle.parquet: not a readable parquet file"),
+    ("lifecycle_missing", lambda d: (d / "lifecycle.parquet").unlink(), "lifecycle.parquet: missing"),
+    ("lifecycle_no_column", lambda d: pd.DataFrame({"trajectory_id": [0]}).to_parquet(d / "lifecycle.parquet"),
+     "lifecycle.parquet: no column t_ready, t_decode_end"),
+    ("timeseries_truncated", lambda d: truncate(d / "timeseries.parquet", 0.9), "timeseries.parquet: not a readable parquet"),
+    ("forecast_truncated", lambda d: truncate(d / "forecast.parquet"), "forecast.parquet: not a readable parquet file"),
+]
+
+
+def snapshot(d: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(d)): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in d.rglob("*")}
+
+
+@pytest.mark.parametrize("cid,damage,expected", BROKEN, ids=[c[0] for c in BROKEN])
+def test_a_broken_run_is_listed_and_left_out(tmp_path, capsys, cid, damage, expected):
+    root = tmp_path / "sweep"
+    make_run(root, "colocate", "colocate", 100.0)
+    make_run(root, "pd2", "fixed_pd", 50.0, num_prefill=2)
+    broken = make_run(root, "broken", "prorsa", 25.0)          # were it read, a speedup of 4.0 would show
+    damage(broken)
+    before = snapshot(root)
+    main([str(root), "--out", str(tmp_path / "out")])
+    shown = capsys.readouterr()
+    assert f"not included: {broken} (policy=prorsa seed=0): broken: {expected}" in shown.out \
+        or f"not included: {broken} (no overrides): broken: {expected}" in shown.out, shown.out
+    assert "Traceback" not in shown.out + shown.err
+    assert "2 complete runs, 1 failed, partial or broken" in shown.out
+    md = (tmp_path / "out" / "speedup.md").read_text()
+    assert "prorsa" not in md.split("## Failed runs")[0] and "4.00" not in md
+    assert (tmp_path / "out" / "figures" / "speedup_bars.png").is_file()
+    assert snapshot(root) == before                            # the runs' own files untouched
+
+
+def test_a_broken_run_through_the_console_script_prints_no_traceback(tmp_path):
+    root = tmp_path / "sweep"
+    make_run(root, "colocate", "colocate", 100.0)
+    truncate(make_run(root, "broken", "fixed_pd", 50.0, num_prefill=2) / "lifecycle.parquet")
+    before = snapshot(root)
+    res = subprocess.run([sys.executable, "-m", "harness.report", str(root), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"{root / 'broken'} (policy=fixed_pd seed=0): broken: lifecycle.parquet: not a readable parquet" in res.stdout
+    assert "Traceback" not in res.stdout + res.stderr
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("under,expected", [
+    ("a_file", "--out='{out}' is invalid; allowed: a directory that can be written ({out} is not a directory)"),
+    ("a_file/report", "--out='{out}' is invalid; allowed: a directory that can be written ({parent} is not a directory)"),
+], ids=["out_is_a_file", "out_under_a_file"])
+def test_out_that_cannot_be_a_directory_is_refused(sweep, tmp_path, capsys, under, expected):
+    (tmp_path / "a_file").write_text("mine")
+    out = tmp_path / under
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([str(sweep), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and expected.format(out=out, parent=out.parent) in err, err
+    assert "Traceback" not in err and snapshot(tmp_path) == before and (tmp_path / "a_file").read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_a_read_only_out_is_refused(sweep, tmp_path):
+    from tests.test_run_dir_faults import tmpfs
+    before = snapshot(sweep)
+    with tmpfs(tmp_path / "ro", ",ro") as ro:
+        for args in ([str(sweep), "--out", str(ro / "report")], [str(ro)]):
+            res = subprocess.run([sys.executable, "-m", "harness.report", *args], capture_output=True, text=True,
+                                 timeout=300, cwd=Path(__file__).resolve().parents[1])
+            assert res.returncode == 2, res.stderr[-3000:]
+            assert f"({ro} is read-only)" in res.stderr, res.stderr[-3000:]
+            assert "Traceback" not in res.stdout + res.stderr
+    assert snapshot(sweep) == before
+
+
+def test_a_link_loop_is_walked_once_and_a_run_linked_twice_counts_once(sweep, tmp_path):
+    (sweep / "loop").symlink_to(sweep, target_is_directory=True)
+    (sweep / "pd2_s0" / "back").symlink_to(sweep, target_is_directory=True)
+    (sweep / "again").symlink_to(sweep / "colocate_s0", target_is_directory=True)
+    found = find_runs([sweep, sweep / "pd2_s0"])
+    assert len(found) == len({r.path.resolve() for r in found}) == 11, [str(r.path) for r in found]

@@ -16,6 +16,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from harness import cli
+from harness.rundir import check_writable
 from harness.trajectory import TrajectoryScript
 from workloads.stats import METRICS, compare, metric_values, statistic
 from workloads.trace import export_trace
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> None:
 def _main(args) -> None:
     if args.samples < 1 or args.steps < 1:
         raise ValueError(f"--samples={args.samples} --steps={args.steps} is invalid; allowed: integers >= 1")
+    check_writable("--out", args.out)
+    if args.export:
+        check_writable("--export", args.export, file=True)
     workload = build(args.overrides)
     labelled = draw(workload, args.samples)
     text = f"# Workload card: {workload.name}\n\n" + tables(labelled, getattr(workload, "targets", {}))

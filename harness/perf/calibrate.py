@@ -50,8 +50,9 @@ import numpy as np
 from harness import cli
 from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.cost_model import prefill_attn_ctx
-from harness.perf.profiled import fit_profile
+from harness.perf.profiled import fit_profile, read_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
+from harness.rundir import check_writable
 from harness.stats import nnls
 
 logger = logging.getLogger("harness.perf.calibrate")
@@ -139,15 +140,6 @@ def write_profile(path: str | Path, profile: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(profile, indent=1, default=float) + "\n")
     tmp.replace(path)
-
-
-def read_profile(path: str | Path) -> dict:
-    with open(path) as f:
-        p = json.load(f)
-    for key in ("prefill", "decode"):
-        if not p.get(key):
-            raise ValueError(f"profile {path}: no {key!r} rows; a profile needs prefill and decode measurements")
-    return p
 
 
 # --- fit of the roofline model ----------------------------------------------------------------------
@@ -678,7 +670,7 @@ def refit(path: str, overrides: list[str]) -> dict:
     from harness.cluster import cluster_from_config
     cfg = compose_config(["cluster=cpu_small", *overrides])
     cluster = cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
-    p = read_profile(path)
+    p = read_profile(path, "--refit")
     p["decode"] = p["decode"] + p.get("excluded", {}).get("decode_split_prefill", [])
     finish_profile(p, cluster, path, p.get("meta", {}))
     write_profile(path, p)
@@ -688,6 +680,11 @@ def refit(path: str, overrides: list[str]) -> dict:
 def _main(args) -> None:
     if args.engines < 1:
         raise ValueError(f"--engines={args.engines} is invalid; allowed: an integer >= 1")
+    # The file is written once the engines were measured (minutes): where it cannot be, say so first.
+    if args.refit:
+        check_writable("--refit", args.refit, file=True)
+    else:
+        check_writable("--out", args.out, file=True)
     keys = ("profiled_fit", "profiled_fit_errors", "roofline_fit", "kv_transfer_fit")
     if args.refit:
         p = refit(args.refit, args.overrides)

@@ -10,6 +10,8 @@ Memory (KV capacity) still follows from the GPU and the model, as in the rooflin
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +19,61 @@ from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
 from harness.stats import nnls
+
+
+# The fields of each measured row (profile["prefill"], profile["decode"]) and their upper bounds: tokens and
+# sequences within what an engine holds, seconds within a day, so that the fit's products stay finite.
+ROW_FIELDS = {"prefill": {"new_tokens": 1e7, "cached_tokens": 1e7, "seconds": 86400.0},
+              "decode": {"batch": 1e7, "context": 1e7, "seconds": 86400.0}}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile file, read, checked and fitted once (load_profile): the cost models of every engine and
+    Prorsa's planning model use its coefficients without reading the file again."""
+    path: str
+    fit: Mapping[str, float]
+
+
+def read_profile(path: str, key: str) -> dict:
+    """The profile file at `path` (the value of the config key or option `key`) as JSON, its prefill and
+    decode rows checked, or a ValueError naming the key, the file and what is wrong with it."""
+    def bad(allowed: str) -> ValueError:
+        return ValueError(f"{key}={path!r} is invalid; allowed: {allowed}")
+
+    rows = "a profile file with prefill and decode rows (python -m harness.perf.calibrate writes one)"
+    try:
+        with open(path, "rb") as f:
+            profile = json.loads(f.read().decode())
+    except OSError as exc:
+        raise bad(f"an existing profile file (python -m harness.perf.calibrate writes one): {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise bad(f"{rows}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise bad(f"{rows}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise bad(f"{rows}: nested too deeply") from None
+    if not isinstance(profile, dict):
+        raise bad(f"{rows}: it holds a JSON {type(profile).__name__}, not an object")
+    for part, names in ROW_FIELDS.items():
+        measured = profile.get(part)
+        if not isinstance(measured, list) or not measured:
+            got = "missing" if part not in profile else f"{measured!r:.40}"
+            raise bad(f"{rows}: key {part!r} is {got}, not a non-empty list")
+        for i, row in enumerate(measured):
+            if not isinstance(row, dict):
+                raise bad(f"{rows}: {part}[{i}]={row!r:.40} is not an object with keys {', '.join(names)}")
+            for name, high in names.items():
+                v = row.get(name)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= high:
+                    what = "missing" if name not in row else f"{v!r:.40}"
+                    raise bad(f"{rows}: {part}[{i}].{name} is {what}, not a number >= 0 and <= {high:g}")
+    return profile
+
+
+def load_profile(path: str, key: str) -> Profile:
+    """The profile file at `path` read, checked (read_profile) and fitted: the one way a profile is loaded."""
+    return Profile(path, fit_profile(read_profile(path, key)))
 
 
 def fit_profile(profile: dict) -> dict[str, float]:
@@ -32,16 +89,10 @@ def fit_profile(profile: dict) -> dict[str, float]:
 
 
 class ProfiledCostModel(RooflineCostModel):
-    def __init__(self, coefficients: dict[str, float], model: ModelSpec, gpu: GPUSpec, perf: PerfConstants,
+    def __init__(self, coefficients: Mapping[str, float], model: ModelSpec, gpu: GPUSpec, perf: PerfConstants,
                  par: Parallelism):
         super().__init__(model, gpu, perf, par)
         self.k = coefficients
-
-    @classmethod
-    def from_file(cls, path: str, model: ModelSpec, gpu: GPUSpec, perf: PerfConstants,
-                  par: Parallelism) -> ProfiledCostModel:
-        with open(path) as f:
-            return cls(fit_profile(json.load(f)), model, gpu, perf, par)
 
     def rank_time(self, b: RankBatch) -> float:
         k = self.k

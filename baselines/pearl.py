@@ -42,7 +42,7 @@ from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, Run
 from harness.cluster import ClusterConfig, cost_model, switch_delay_s
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch
-from harness.prorsa.switcher import COLOCATED, current_split, target_roles
+from harness.allocation import COLOCATED, current_split, target_roles
 from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger(__name__)

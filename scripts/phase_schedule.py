@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.experiment import run_rollout
-from harness.prorsa.switcher import current_split, roles_for, target_roles
+from harness.allocation import current_split, roles_for, target_roles
 from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger("phase_schedule")

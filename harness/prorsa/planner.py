@@ -26,7 +26,7 @@ from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
 from harness.cluster import ClusterConfig, cost_model
 from harness.stats import intraclass_correlation, t975
 from harness.prorsa.estimate import product_limit
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
 

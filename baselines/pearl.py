@@ -38,11 +38,12 @@ from statistics import NormalDist
 
 import numpy as np
 
+from harness.allocation import COLOCATED, current_split, target_roles
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model, switch_delay_s
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch
-from harness.allocation import COLOCATED, current_split, target_roles
+from harness.policy import Policy
 from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,7 @@ class DecodeFit:
 
 
 # --- the policy ---------------------------------------------------------------------------------
-class Pearl:
+class Pearl(Policy):
     name = "pearl"
 
     def __init__(self, control_interval_s: float = 0.5, hysteresis: float = 0.1, turn_overhead_s: float = 0.0,

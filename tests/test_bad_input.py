@@ -463,3 +463,16 @@ def test_a_users_baseline_with_good_keys_passes():
     from harness.experiment import checked
     checked(OmegaConf.create({"_target_": f"{__name__}.UserBaseline", "threshold": 4, "ratio": 1, "enabled": False,
                               "label": "x", "engines": [0, 1], "anything": {"a": 1}}), "policy")
+
+
+def test_a_policy_that_is_no_policy_subclass_is_refused():
+    from omegaconf import OmegaConf
+
+    from harness.experiment import build_parts
+    from tests.conftest import load_config
+    cfg = load_config([])
+    cfg.policy = OmegaConf.create({"_target_": f"{__name__}.UserBaseline"})
+    with pytest.raises(ValueError) as e:
+        build_parts(cfg)
+    assert str(e.value) == (f"policy._target_='{__name__}.UserBaseline' is invalid; allowed: a subclass of "
+                            "harness.policy.Policy")

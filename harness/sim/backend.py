@@ -282,6 +282,9 @@ class SimBackend:
     def engine_timeline(self) -> list[dict]:
         return self.timeline.rows(self.loop.now)
 
+    def leg_frame(self) -> None:
+        return None   # no leg leaves the process: the lifecycle is the record
+
     # --- engines ------------------------------------------------------------------------------
     def cost_model(self, par: Parallelism) -> CostModel:
         if par not in self._cost_models:

@@ -126,7 +126,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
                  f"false for the dense model {model.name}")
         par[role] = pp
     if c.get("migrate_decodes_on_switch"):
-        _require(c.get("switch_mechanism", "reshard") == "kv_both", "migrate_decodes_on_switch", True,
+        _require(c.get("switch_mechanism") == "kv_both", "migrate_decodes_on_switch", True,
                  "false unless cluster.switch_mechanism=kv_both (drain and reshard empty the engine first)")
     return ClusterConfig(
         name=c["name"], gpu=gpu, model=model, num_engines=c["num_engines"],
@@ -163,10 +163,16 @@ def perf_constants(overrides: Mapping[str, Any] | None, where: str) -> PerfConst
     return PerfConstants(**perf)
 
 
+def reshards(cluster: ClusterConfig, launched: Parallelism, target: Parallelism) -> bool:
+    """Whether a switch reloads the engine: under reshard, when the new role's parallelism (`target`)
+    is not the one it runs (`launched`)."""
+    return cluster.switch_mechanism == "reshard" and launched != target
+
+
 def switch_delay_s(cluster: ClusterConfig, reshard: bool) -> float:
-    """How long a switching engine serves nothing once nothing runs on it (`reshard`: it reloads with
-    another parallelism); under kv_both nothing drains and the router update is the whole switch. One
-    rule for the simulator, the real backends and the baselines that price a switch."""
+    """How long a switching engine serves nothing once nothing runs on it (`reshard`: it reloads, as
+    `reshards` says); under kv_both nothing drains and the router update is the whole switch. With
+    `reshards`, the one rule for the simulator, the real backends and the baselines that price a switch."""
     if cluster.switch_mechanism == "kv_both":
         return cluster.router_update_s
     return cluster.reshard_switch_time_s if reshard else cluster.switch_time_s

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from harness.api import ClusterView, LifecycleEvent, Role
+from harness.policy import Policy
 from harness.routing import PrefixTracker
 
 
@@ -16,7 +17,7 @@ def split_roles(num_prefill: int, num_engines: int) -> list[Role]:
     return [Role.PREFILL] * num_prefill + [Role.DECODE] * (num_engines - num_prefill)
 
 
-class StaticPolicy:
+class StaticPolicy(Policy):
     """Roles fixed at the start; routing follows where each trajectory's KV lives."""
 
     control_interval_s = None

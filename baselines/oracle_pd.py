@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.policy import Policy
 from harness.routing import SGL_ROUTER, Balance, PrefixTracker, route_by_role
 from harness.sim.backend import nested_runs
 
 
-class HoldRoles:
+class HoldRoles(Policy):
     """The roles stay as they are; routing as Prorsa's (route_by_role). What a fork runs."""
 
     name = "hold_roles"
@@ -54,9 +55,8 @@ class HoldRoles:
         return {}
 
 
-class OraclePD:
+class OraclePD(Policy):
     name = "oracle_pd"
-    oracle = True
 
     def __init__(self, control_interval_s: float = 2.0, decision_interval_s: float = 20.0,
                  allow_colocated: bool = True, name: str = "oracle_pd"):
@@ -68,26 +68,24 @@ class OraclePD:
         self.decisions: list[tuple[float, int]] = []
         self.predicted: list[tuple[float, dict[int, float]]] = []
         self._next = decision_interval_s
-        self._simulate: Callable[[list[Role]], float] | None = None
+        self._simulate: Callable[[list[Role], Policy], float] | None = None
         self._driver = None
 
-    # --- what only the oracle gets -------------------------------------------------------------
-    def attach_simulator(self, simulate: Callable[[list[Role]], float]) -> None:
-        """`simulate(roles)`: the whole rollout's time under static `roles`, simulated from the start."""
+    # --- Policy contract ----------------------------------------------------------------------
+    def attach_simulator(self, simulate: Callable[[list[Role], Policy], float]) -> None:
         self._simulate = simulate
 
     def attach_driver(self, driver) -> None:
-        """The rollout this oracle forks to look ahead."""
         self._driver = driver
 
-    # --- Policy contract ----------------------------------------------------------------------
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         if self._simulate is None:
             raise ValueError("policy=oracle_pd needs the simulator (backend=sim): it simulates the future")
         self.n = cluster.num_engines
         self.balance = Balance.of(cluster)
         candidates = ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n))
-        scores = {k: self._simulate(roles_for(k, self.n)) for k in candidates}
+        scores = {k: self._simulate(roles_for(k, self.n), HoldRoles(PrefixTracker(), self.balance))
+                  for k in candidates}
         best = min(scores, key=lambda k: (scores[k], k))
         self.decisions.append((0.0, best))
         self.predicted.append((0.0, scores))

@@ -38,11 +38,12 @@ from statistics import NormalDist
 
 import numpy as np
 
+from harness.allocation import COLOCATED, current_split, target_roles
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
-from harness.cluster import ClusterConfig, cost_model, switch_delay_s
+from harness.cluster import ClusterConfig, cost_model, reshards, switch_delay_s
 from harness.perf.cost_model import prefill_attn_ctx
 from harness.perf.roofline import RankBatch
-from harness.prorsa.switcher import COLOCATED, current_split, target_roles
+from harness.policy import Policy
 from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,8 @@ def switch_price_s(cluster: ClusterConfig, view: ClusterView, split: int) -> flo
     switch side by side, so the slowest of them (a reload where the parallelism changes under reshard)."""
     roles = target_roles(view, split)
     moves = [(e.launched_as or e.role, roles[e.engine_id]) for e in view.engines if roles[e.engine_id] != e.role]
-    return max((switch_delay_s(cluster, cluster.switch_mechanism == "reshard"
-                               and cluster.parallelism[a] != cluster.parallelism[b]) for a, b in moves), default=0.0)
+    return max((switch_delay_s(cluster, reshards(cluster, cluster.parallelism[a], cluster.parallelism[b]))
+                for a, b in moves), default=0.0)
 
 
 # --- cost-model terms ---------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class DecodeFit:
 
 
 # --- the policy ---------------------------------------------------------------------------------
-class Pearl:
+class Pearl(Policy):
     name = "pearl"
 
     def __init__(self, control_interval_s: float = 0.5, hysteresis: float = 0.1, turn_overhead_s: float = 0.0,

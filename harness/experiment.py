@@ -37,13 +37,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from baselines.oracle_pd import HoldRoles, OraclePD
 from harness.api import Role, RunInfo
 from harness import schema
 from harness.cluster import ClusterConfig, cluster_from_config, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
+from harness.policy import Policy
 from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult
-from harness.routing import Balance, PrefixTracker
 from harness.serve import TokenTimes, check_serve, serve_metrics
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.progress import Progress
@@ -98,10 +97,11 @@ def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):
     return RolloutDriver(workload, policy, backend, mode, keep_events=keep_events).run(), backend
 
 
-def static_rollout_s(cfg: DictConfig, cluster: ClusterConfig, mode: ModeConfig, roles: list[Role]) -> float:
-    """The rollout time of the run `cfg` describes with `roles` held throughout (the oracle's start)."""
+def static_rollout_s(cfg: DictConfig, cluster: ClusterConfig, mode: ModeConfig, roles: list[Role],
+                     policy: Policy) -> float:
+    """The rollout time of the run `cfg` describes, from the start, its engines launched in `roles` and
+    `policy` driving (its `initial_roles` is not asked): what `Policy.attach_simulator` hands a policy."""
     workload = instantiate(cfg.workload, seed=cfg.seed)
-    policy = HoldRoles(PrefixTracker(), Balance.of(cluster))
     backend = build_backend(cfg, cluster, roles)
     return RolloutDriver(workload, policy, backend, mode).run().rollout_time_s
 
@@ -155,7 +155,7 @@ class Parts:
     mode: ModeConfig
     logger: typing.Any      # the logger's config object; its `make` starts the run's logger
     workload: Workload
-    policy: typing.Any
+    policy: Policy
 
 
 def build_parts(cfg: DictConfig) -> Parts:
@@ -169,6 +169,9 @@ def build_parts(cfg: DictConfig) -> Parts:
     workload = instantiate_checked(cfg.workload, "workload", seed=cfg.seed)
     check_serve(mode.name, workload, str(cfg.backend.name))
     policy = instantiate_checked(cfg.policy, "policy")
+    if not isinstance(policy, Policy):   # its optional hooks are called on every policy
+        raise ValueError(f"policy._target_={cfg.policy._target_!r} is invalid; allowed: a subclass of "
+                         "harness.policy.Policy")
     interval = getattr(policy, "control_interval_s", None)   # the driver ticks the policy at this interval
     if interval is not None and not (is_number(interval) and interval > 0):
         raise ValueError(f"policy.control_interval_s={interval!r} is invalid; allowed: a number > 0")
@@ -183,8 +186,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     # Everything is validated before anything is simulated or logged.
     parts = build_parts(cfg)
     cluster, mode, workload, policy = parts.cluster, parts.mode, parts.workload, parts.policy
-    oracle = isinstance(policy, OraclePD)   # the named exception: it simulates the future
-    if oracle and cfg.backend.name == "sim":
+    if cfg.backend.name == "sim":
         policy.attach_simulator(partial(static_rollout_s, cfg, cluster, mode))
     label = progress_label(policy, workload, mode, cluster, cfg.seed)
     wall0 = time.perf_counter()   # the policy's start plan is part of what the run costs
@@ -196,8 +198,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     if mode.name == "serve":   # the benchmark's inter-token latencies, from the simulated steps
         tokens = TokenTimes()
         backend.set_step_listener(tokens.on_step)
-    if oracle:
-        policy.attach_driver(driver)
+    policy.attach_driver(driver)
     sampler = ClusterSampler(backend, lambda: (driver.completed, driver.total), float(cfg.sample_interval_s))
     # This attempt replaces whatever an earlier one left: no completion marker until it ends, and no
     # temporary file of a killed attempt.
@@ -220,12 +221,12 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         if tokens is not None:
             summary.update(serve_metrics(lifecycle, tokens.itl(), result.rollout_time_s,
                                          cluster.num_engines * cluster.gpus_per_engine))
-        forecast = policy.forecast_frame() if hasattr(policy, "forecast_frame") else None
+        forecast, legs = policy.forecast_frame(), backend.leg_frame()
         files = {}
-        if forecast is not None:   # Prorsa: its forecasts against what happened
+        if forecast is not None:
             files["forecast.parquet"] = lambda p: forecast.to_parquet(p, index=False)
-        if hasattr(backend, "leg_frame"):   # real engines: per-leg client and server times
-            files["legs.parquet"] = lambda p: backend.leg_frame().to_parquet(p, index=False)
+        if legs is not None:
+            files["legs.parquet"] = lambda p: legs.to_parquet(p, index=False)
             summary["harness_overhead"] = backend.overhead()
         summary["config_hash"] = config_hash(cfg)
         timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)

@@ -2,7 +2,7 @@
 
 Why: a simulator is only worth its error (issue 7; Vidur, Frontier and LLMServingSim each report theirs).
 For each policy this runs the rollout twice, on a real backend and on the simulator with the calibrated
-profile (harness/perf/calibrate.py), through the same `run_experiment` so both write the usual result
+profile (harness/calibrate.py), through the same `run_experiment` so both write the usual result
 files, then compares them:
 
     python -m harness.fidelity --profile results/calibration/vllm_cpu.json \
@@ -232,7 +232,7 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile).
     `contended`: a contended profile, for the simulator's model of servers sharing this host."""
     from harness.experiment import run_experiment
-    from harness.perf.calibrate import compose_config, machine_mismatch
+from harness.calibrate import compose_config, machine_mismatch
     from harness.perf.profiled import read_profile
     mismatch = machine_mismatch(read_profile(profile, "--profile"))
     if mismatch:
@@ -264,17 +264,17 @@ EXAMPLES = """examples:
   %(prog)s --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
 
 With --calibrate it first profiles the engines on this machine, alone and while the other one works
-(harness.perf.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and the simulator
+(harness.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and the simulator
 times each step by the one that holds when it starts (cluster.contended_profile); --contended FILE does
 the same with a given profile (module docstring: harness/fidelity.py)."""
 
 
 def main(argv: list[str] | None = None) -> None:
-    from harness.perf.calibrate import GRIDS
+    from harness.calibrate import GRIDS
     p = cli.parser("harness.fidelity", "Runs each policy on the real backend and on the simulator with the "
                    "calibrated profile, then compares them.")
     p.epilog = EXAMPLES
-    p.add_argument("--profile", metavar="FILE", help="the calibrated profile (python -m harness.perf.calibrate)")
+    p.add_argument("--profile", metavar="FILE", help="the calibrated profile (python -m harness.calibrate)")
     p.add_argument("--calibrate", choices=sorted(GRIDS), help="measure the profiles here first, on this grid")
     p.add_argument("--contended", metavar="FILE", help="the profile measured while the other engine works")
     p.add_argument("--policies", default=",".join(POLICIES), metavar="P,P,...",
@@ -294,12 +294,12 @@ def _main(args) -> None:
         report(d, [p for p in (policy_overrides(s)[0] for s in args.policies.split(",")) if (d / p).exists()],
                real_from)
         return
-    from harness.perf.calibrate import GRIDS, calibrate
+    from harness.calibrate import GRIDS, calibrate
     if args.calibrate and args.profile:
         raise ValueError(f"--profile={args.profile!r} is invalid with --calibrate: the comparison uses the "
                          "profile measured here; give one of them")
     if not args.profile and not args.calibrate:
-        raise ValueError("--profile FILE or --calibrate GRID is required (python -m harness.perf.calibrate "
+        raise ValueError("--profile FILE or --calibrate GRID is required (python -m harness.calibrate "
                          f"writes a profile; --calibrate measures one here first; allowed grids: {', '.join(GRIDS)})")
     if args.seed < 0:
         raise ValueError(f"--seed={args.seed} is invalid; allowed: an integer >= 0")
@@ -308,7 +308,7 @@ def _main(args) -> None:
                          "measured here too; give one of them")
     if args.contended and not Path(args.contended).is_file():
         raise ValueError(f"--contended={args.contended!r} is invalid; allowed: an existing profile file "
-                         "(python -m harness.perf.calibrate --contended writes one)")
+                         "(python -m harness.calibrate --contended writes one)")
     check_writable("--out", args.out)   # before the engines run: their results would be lost
     profile, contended = args.profile, args.contended or None
     if args.calibrate:

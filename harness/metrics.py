@@ -28,7 +28,7 @@ class LowerBound:
     def __init__(self, cluster: ClusterConfig):
         self.cluster = cluster
         self.models = [parallel_cost_model(cluster, p) for p in set(cluster.parallelism.values())]
-        budget = cluster.max_num_batched_tokens
+        budget = cluster.prefill_budget
         self.prefill_rate = max(budget / m.step_time([RankBatch(prefill_tokens=budget, requests=1,
                                                                prefill_attn_ctx=prefill_attn_ctx(budget, 0),
                                                                prefill_kv_read=budget)]

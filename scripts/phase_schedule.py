@@ -10,16 +10,17 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from harness.allocation import current_split, roles_for, target_roles
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.experiment import run_rollout
-from harness.prorsa.switcher import current_split, roles_for, target_roles
+from harness.policy import Policy
 from harness.routing import Balance, PrefixTracker, route_by_role
 
 log = logging.getLogger("phase_schedule")
 PHASES = ["reasoning", "reasoning", "browse", "browse"] * 2   # the experiments' schedule, batch by batch
 
 
-class PhaseSchedule:
+class PhaseSchedule(Policy):
     """Holds `splits[b]` while batch b is the newest batch `lag` of whose trajectories have started."""
 
     name = "phase_schedule"

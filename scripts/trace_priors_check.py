@@ -32,7 +32,7 @@ from harness.cluster import cluster_from_config  # noqa: E402
 from harness.experiment import run_info  # noqa: E402
 from harness.prorsa.planner import future_sampler  # noqa: E402
 from harness.prorsa.policy import split_name  # noqa: E402
-from harness.prorsa.switcher import COLOCATED, roles_for  # noqa: E402
+from harness.allocation import COLOCATED, roles_for  # noqa: E402
 from harness.prorsa.tracker import LifecycleTracker  # noqa: E402
 from harness.prorsa.whatif import FutureTrajectory, FutureTurn, WhatIf  # noqa: E402
 from harness.rollout import ModeConfig  # noqa: E402

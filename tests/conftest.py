@@ -11,6 +11,7 @@ from harness import native
 from harness.api import EventKind
 from harness.cluster import cluster_from_config
 from harness.experiment import lifecycle_frame, run_rollout
+from harness.policy import Policy
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
@@ -49,7 +50,7 @@ def cluster_of(overrides: list[str]):
     return cluster_from_config(OmegaConf.to_container(cfg.cluster, resolve=True))
 
 
-class SwitchAt:
+class SwitchAt(Policy):
     """Test policy: starts with `initial` roles and, once the clock reaches `at_s` and `after_turns`
     turns have ended, asks for `switch` (engine -> role); routes to whatever roles exist
     (route_by_role). On real servers a switch set by progress, not by the clock, lands mid-rollout

@@ -276,7 +276,7 @@ TRACE_FILE_CASES = [
 # `KEY='PATH' is invalid; allowed: `). Each file is tried under each key.
 PROFILE_ROW = {"prefill": [{"new_tokens": 100, "cached_tokens": 0, "seconds": 0.01}],
                "decode": [{"batch": 1, "context": 100, "seconds": 0.001}]}
-PROFILE_ROWS = "a profile file with prefill and decode rows (python -m harness.perf.calibrate writes one): "
+PROFILE_ROWS = "a profile file with prefill and decode rows (python -m harness.calibrate writes one): "
 PROFILE_CASES = [
     ("profile_not_json", "not a profile\n", PROFILE_ROWS + "not JSON (line 1 column 1: Expecting value)"),
     ("profile_truncated", json.dumps(PROFILE_ROW)[:40], PROFILE_ROWS + "not JSON (line 1 column 34: Unterminated string"),
@@ -300,7 +300,7 @@ PROFILE_CASES = [
      PROFILE_ROWS + "decode[0].seconds is nan, not a number >= 0 and <= 86400"),
     ("profile_row_huge", json.dumps({**PROFILE_ROW, "prefill": [{"new_tokens": 1e300, "cached_tokens": 0, "seconds": 1}]}),
      PROFILE_ROWS + "prefill[0].new_tokens is 1e+300, not a number >= 0 and <= 1e+07"),
-    ("profile_a_directory", None, "an existing profile file (python -m harness.perf.calibrate writes one): Is a directory"),
+    ("profile_a_directory", None, "an existing profile file (python -m harness.calibrate writes one): Is a directory"),
 ]
 PROFILE_KEYS = {  # key -> the overrides that make the run read the file at PATH under that key
     "cluster.profile": ["cluster.cost_model=profiled", "cluster.profile=PATH"],
@@ -467,19 +467,19 @@ TOOL_CASES = [
     # The older key=value style of a tool's own keys, and an argument that is neither.
     ("harness.fidelity", ["profile=p.json"], "'profile=p.json' is an option of this tool: --profile p.json"),
     ("harness.fidelity", ["seed=3", "--profile", "p.json"], "'seed=3' is an option of this tool: --seed 3"),
-    ("harness.perf.calibrate", ["quick"], "'quick' is not an override; allowed: KEY=VALUE"),
-    ("harness.perf.calibrate", ["--grid", "huge"], "argument --grid: invalid choice: 'huge'"),
-    ("harness.perf.calibrate", ["--engines", "0"], "--engines=0 is invalid; allowed: an integer >= 1"),
-    ("harness.perf.calibrate", ["--contended", "maybe"], "'maybe' is not an override"),
+    ("harness.calibrate", ["quick"], "'quick' is not an override; allowed: KEY=VALUE"),
+    ("harness.calibrate", ["--grid", "huge"], "argument --grid: invalid choice: 'huge'"),
+    ("harness.calibrate", ["--engines", "0"], "--engines=0 is invalid; allowed: an integer >= 1"),
+    ("harness.calibrate", ["--contended", "maybe"], "'maybe' is not an override"),
     # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
-    ("harness.perf.calibrate", ["bogus=1"], "harness.perf.calibrate: error: Could not override 'bogus'."),
-    ("harness.perf.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
+    ("harness.calibrate", ["bogus=1"], "harness.calibrate: error: Could not override 'bogus'."),
+    ("harness.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
     ("harness.fidelity", ["--profile", "missing.json"],
-     "--profile='missing.json' is invalid; allowed: an existing profile file (python -m harness.perf.calibrate "
+     "--profile='missing.json' is invalid; allowed: an existing profile file (python -m harness.calibrate "
      "writes one): No such file or directory"),
     ("harness.fidelity", ["--profile", str(ROOT / "README.md")],
      f"--profile={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
-    ("harness.perf.calibrate", ["--refit", str(ROOT / "README.md")],
+    ("harness.calibrate", ["--refit", str(ROOT / "README.md")],
      f"--refit={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
     ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
     ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
@@ -545,8 +545,8 @@ def test_a_users_baseline_with_good_keys_passes():
 TOOL_OUTPUT_CASES = [
     ("harness.fidelity", ["--profile", str(ROOT / "results/calibration/vllm_cpu.json"), "--out", "{base}/fid"], "--out"),
     ("harness.fidelity", ["--compare", "{base}/fid"], "--compare"),
-    ("harness.perf.calibrate", ["--out", "{base}/profile.json"], "--out"),
-    ("harness.perf.calibrate", ["--refit", "{base}/profile.json"], "--refit"),
+    ("harness.calibrate", ["--out", "{base}/profile.json"], "--out"),
+    ("harness.calibrate", ["--refit", "{base}/profile.json"], "--refit"),
     ("workloads.card", ["--out", "{base}/cards"], "--out"),
     ("workloads.card", ["--export", "{base}/trace.jsonl", "--no-figure"], "--export"),
     ("harness.report", [str(ROOT / "results"), "--out", "{base}/report"], "--out"),

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.fidelity import compare, role_mismatch, switches
-from harness.perf.calibrate import (StepMeasurement, fit_kv_transfer, fit_roofline, measurements_from_profile,
+from harness.calibrate import (StepMeasurement, fit_kv_transfer, fit_roofline, measurements_from_profile,
                                     profile_from_measurements, profiled_errors, write_profile)
 from harness.perf.catalogue import gpu_catalogue, model_catalogue, perf_defaults
 from harness.perf.profiled import ProfiledCostModel, fit_profile, load_profile, read_profile
@@ -169,7 +169,7 @@ def test_fidelity_unmatched_turns_and_identical_timelines():
 
 
 def test_split_prefill_decode_rows_are_excluded_and_flat_kv_falls_back():
-    from harness.perf.calibrate import drop_split_batches
+    from harness.calibrate import drop_split_batches
     p = {"decode": [{"batch": 2, "context": 1552.0, "prompt_tokens": 1536, "seconds": 0.01},
                     {"batch": 4, "context": 1552.0, "prompt_tokens": 1536, "seconds": 0.03}]}
     drop_split_batches(p, token_budget=4096)
@@ -220,7 +220,7 @@ def test_nnls_known_answers():
 def test_profile_records_its_machine_and_a_mismatch_is_named():
     """A profile measured on another CPU (or core count) is named as such; one measured here is not;
     one from before profiles recorded their machine says so."""
-    from harness.perf.calibrate import machine_mismatch, this_machine
+    from harness.calibrate import machine_mismatch, this_machine
     here = this_machine()
     assert here["cpu"] and here["cores"] >= 1
     assert machine_mismatch({"meta": {"machine": dict(here)}}, here) is None

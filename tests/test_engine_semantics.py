@@ -309,7 +309,7 @@ def _profile(path, prefill_s: float, decode_s: float) -> str:
     """A profile file, written as calibration writes one, whose fit is a constant step time: `prefill_s`
     for a step with prefill, `decode_s` for a decode step (harness/perf/profiled.py: the intercepts;
     every slope fits to 0)."""
-    from harness.perf.calibrate import StepMeasurement, profile_from_measurements, write_profile
+    from harness.calibrate import StepMeasurement, profile_from_measurements, write_profile
     ms = [StepMeasurement(prefill_s, prefill_new=n, prefill_cached=c) for n in (64, 256, 1024) for c in (0, 512)]
     ms += [StepMeasurement(decode_s, decode_batch=b, decode_context=x) for b in (1, 4) for x in (128, 1024)]
     write_profile(path, profile_from_measurements(ms))

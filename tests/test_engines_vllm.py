@@ -135,13 +135,13 @@ def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused(pool):
 
 
 def test_calibration_probes_the_path_to_a_step_under_each_load(pool):
-    """harness.perf.calibrate's host-path rows on the module's real servers, a small grid: one row per
+    """harness.calibrate's host-path rows on the module's real servers, a small grid: one row per
     load, each from its probes, with the streams' inter-token time where servers were loaded."""
     import asyncio
     from dataclasses import replace
 
     from harness.engines.base import http_session
-    from harness.perf.calibrate import GRIDS, HOST_LOADS, EngineClient, profile_host_path
+    from harness.calibrate import GRIDS, HOST_LOADS, EngineClient, profile_host_path
 
     grid = replace(GRIDS["quick"], host_streams=2, host_probes=3, decode_tokens=8)
 

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"prorsa-run": "run:main", "prorsa-report": "harness.report:main",
-           "prorsa-fidelity": "harness.fidelity:main", "prorsa-calibrate": "harness.perf.calibrate:main",
+           "prorsa-fidelity": "harness.fidelity:main", "prorsa-calibrate": "harness.calibrate:main",
            "prorsa-card": "workloads.card:main"}
 DECLARED = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 

@@ -11,7 +11,7 @@ from harness.api import LifecycleEvent as E
 from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, Route, RunInfo
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.planner import Planner, critical_path_floor, future_sampler
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import WhatIf
 from harness.routing import PrefixTracker

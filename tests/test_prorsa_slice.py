@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from harness.api import ClusterView, EngineState, Role, Route
 from harness.experiment import run_info
 from harness.prorsa.slice import ClusterSlice
-from harness.prorsa.switcher import COLOCATED, roles_for
+from harness.allocation import COLOCATED, roles_for
 from harness.prorsa.tracker import Phase, TrajectoryState
 from harness.prorsa.whatif import FutureTrajectory, FutureTurn
 from harness.rollout import ModeConfig

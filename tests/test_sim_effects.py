@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 from harness.api import EventKind, Role
+from harness.policy import Policy
 from tests.conftest import SwitchAt, simulate
 
 ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns.0.median=1",
@@ -195,7 +196,7 @@ def test_queue_order_follows_route_priority(priorities, order):
     assert ends == order
 
 
-class SplitBetweenSteps:
+class SplitBetweenSteps(Policy):
     """Test policy: in `initial` roles (colocated on two engines by default), never ticked; asked between
     the two sync steps, it asks for `switch` (1P1D by default)."""
 

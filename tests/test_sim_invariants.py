@@ -122,7 +122,8 @@ def test_sync_steps_and_async_bounds(small):
 @pytest.mark.parametrize("extra", [["policy=colocate"], ["policy=fixed_pd"], ["policy=prorsa"], ["policy=ppd"],
                                    ["policy=colocate", "mode=async", "mode.max_in_flight=8"],
                                    ["policy=fixed_pd", "cluster=moe_h200", "workload=search"],
-                                   ["policy=colocate", "workload=tooluse", "workload.batch_size=4"]])
+                                   ["policy=colocate", "workload=tooluse", "workload.batch_size=4"],
+                                   ["policy=fixed_pd", "cluster=moe_h200_sglang", "cluster.chunked_prefill_size=4096"]])
 def test_no_run_beats_the_lower_bound(small, extra):
     from harness.metrics import lower_bound_s
     from tests.conftest import cluster_of
@@ -131,6 +132,17 @@ def test_no_run_beats_the_lower_bound(small, extra):
     in_flight = 8 if "mode=async" in extra else 0
     bound = lower_bound_s(cluster_of(overrides), result.scripts, "async" if in_flight else "sync", in_flight)
     assert 0 < bound <= result.rollout_time_s * (1 + 1e-9)
+
+
+def test_the_bounds_prefill_rate_follows_the_engines_prefill_budget():
+    """Under engine=sglang a rank prefills at most chunked_prefill_size tokens a step; vLLM's token budget
+    (max_num_batched_tokens) is not read."""
+    from harness.metrics import LowerBound
+    from tests.conftest import cluster_of
+    sglang = ["cluster=moe_h200_sglang", "cluster.chunked_prefill_size=4096"]
+    rate = LowerBound(cluster_of(sglang)).prefill_rate
+    assert LowerBound(cluster_of(sglang + ["cluster.max_num_batched_tokens=2048"])).prefill_rate == rate
+    assert LowerBound(cluster_of(sglang[:1] + ["cluster.chunked_prefill_size=8192"])).prefill_rate != rate
 
 
 def test_async_bound_counts_the_in_flight_slots(small):

@@ -300,22 +300,10 @@ class HttpBackendBase:
         e = self.engines[engine_id]
         return e.busy_s + (self.now() - e.busy_since if e.busy_since is not None else 0.0)
 
-    # --- extras (not in the contract) -----------------------------------------------------------
     def leg_frame(self):
         """One row per leg: client times, tokens, server metrics, harness overhead (legs.parquet)."""
         import pandas as pd
         return pd.DataFrame(self.leg_log)
-
-    def kill_engine(self, engine_id: int) -> None:
-        """Fault injection: SIGKILL the engine's server (its whole process group)."""
-        self._pending += 1
-        self.loop.create_task(self._guard(self._kill_server(engine_id)))
-
-    def hang_engine(self, engine_id: int) -> None:
-        """Fault injection: SIGSTOP the engine's server; the health monitor must find it (harness/engines/
-        faults.py)."""
-        self._pending += 1
-        self.loop.create_task(self._guard(self._hang_server(engine_id)))
 
     def overhead(self) -> dict:
         """The harness's own time per leg against the server's time (see docs/engines.md)."""
@@ -332,6 +320,18 @@ class HttpBackendBase:
                 "http_gap_ms_p50": med("http_gap_ms"),
                 "harness_cpu_s": self.run_cpu_s, "run_wall_s": self.run_wall_s,
                 "harness_cpu_ms_per_leg": 1000 * self.run_cpu_s / len(legs)}
+
+    # --- extras (not in the contract) -----------------------------------------------------------
+    def kill_engine(self, engine_id: int) -> None:
+        """Fault injection: SIGKILL the engine's server (its whole process group)."""
+        self._pending += 1
+        self.loop.create_task(self._guard(self._kill_server(engine_id)))
+
+    def hang_engine(self, engine_id: int) -> None:
+        """Fault injection: SIGSTOP the engine's server; the health monitor must find it (harness/engines/
+        faults.py)."""
+        self._pending += 1
+        self.loop.create_task(self._guard(self._hang_server(engine_id)))
 
     # --- subclass hooks -------------------------------------------------------------------------
     async def _serve_turn(self, job: Job) -> None:

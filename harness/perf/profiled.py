@@ -41,12 +41,12 @@ def read_profile(path: str, key: str) -> dict:
     def bad(allowed: str) -> ValueError:
         return ValueError(f"{key}={path!r} is invalid; allowed: {allowed}")
 
-    rows = "a profile file with prefill and decode rows (python -m harness.perf.calibrate writes one)"
+    rows = "a profile file with prefill and decode rows (python -m harness.calibrate writes one)"
     try:
         with open(path, "rb") as f:
             profile = json.loads(f.read().decode())
     except OSError as exc:
-        raise bad(f"an existing profile file (python -m harness.perf.calibrate writes one): {exc.strerror}") from None
+        raise bad(f"an existing profile file (python -m harness.calibrate writes one): {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise bad(f"{rows}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:

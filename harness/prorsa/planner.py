@@ -1,7 +1,7 @@
 """Prorsa's allocation planner: score candidate allocations by what-if simulation, switch when it pays.
 
 Candidates are colocation (if allowed) and every P:D split, each reached from the present roles by
-moving the fewest, cheapest-to-drain engines (switcher.py). Each runs on the same sampled futures
+moving the fewest, cheapest-to-drain engines (harness/allocation.py). Each runs on the same sampled futures
 (whatif.py) and is scored by when its work ends: in sync RL the step ends with its slowest
 trajectory, so the score is the predicted completion of the step's trajectories (the critical path);
 in async RL it is the mean end of the live trajectories plus the next `max_in_flight` to start (a
@@ -26,7 +26,7 @@ from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
 from harness.cluster import ClusterConfig, cost_model
 from harness.stats import intraclass_correlation, t975
 from harness.prorsa.estimate import product_limit
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
 

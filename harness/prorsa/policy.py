@@ -35,12 +35,13 @@ import numpy as np
 
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model, is_number
+from harness.policy import Policy
 from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, decode_left, future_sampler
 from harness.prorsa.slice import ClusterSlice
-from harness.prorsa.switcher import COLOCATED, current_split, roles_for, target_roles
+from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import Balance, PrefixTracker
@@ -69,7 +70,7 @@ def same_mix(a: list[float], b: list[float]) -> bool:
     return all(abs(x - y) < 1e-6 for x, y in zip(a, b))
 
 
-class Prorsa:
+class Prorsa(Policy):
     name = "prorsa"
 
     def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,

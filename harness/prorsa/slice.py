@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from harness.api import ClusterView, EngineState, Role, Route
 from harness.prorsa.placement import DecodeWork
-from harness.prorsa.switcher import COLOCATED
+from harness.allocation import COLOCATED
 from harness.prorsa.tracker import TrajectoryState
 from harness.prorsa.whatif import ROUTED, FutureTrajectory
 from harness.routing import PrefixTracker

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import heapq
-import operator
 import sys
 from contextlib import contextmanager
 from dataclasses import fields
@@ -24,7 +23,7 @@ from typing import Callable, Iterable, Iterator
 from mypy_extensions import mypyc_attr
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
-from harness.cluster import ClusterConfig, parallel_cost_model, switch_delay_s
+from harness.cluster import ClusterConfig, parallel_cost_model, reshards, switch_delay_s
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
 from harness.routing import EngineList, decode_load, prefill_load, request_load
@@ -282,6 +281,9 @@ class SimBackend:
     def engine_timeline(self) -> list[dict]:
         return self.timeline.rows(self.loop.now)
 
+    def leg_frame(self) -> None:
+        return None   # no leg leaves the process: the lifecycle is the record
+
     # --- engines ------------------------------------------------------------------------------
     def cost_model(self, par: Parallelism) -> CostModel:
         if par not in self._cost_models:
@@ -408,9 +410,7 @@ class SimBackend:
         if e.target_role is None or e.switching or not e.idle or self._inbound[e.id]:
             return
         e.switching = True
-        par = self.cluster.parallelism[e.target_role]
-        # (operator.ne: compiled, `par != e.par` on this dataclass compares identities, harness/native.py)
-        reshard = self.cluster.switch_mechanism == "reshard" and operator.ne(par, e.par)
+        reshard = reshards(self.cluster, e.par, self.cluster.parallelism[e.target_role])
         delay = switch_delay_s(self.cluster, reshard)
         self.timeline.enter(e.id, self.loop.now, e.role, "switching")
         self.loop.at_engine(self.loop.now + delay, partial(self._switch_done, e, reshard))

@@ -5,7 +5,7 @@ module measures a running vLLM server's step times and writes them as the profil
 `ProfiledCostModel` reads (`cluster.cost_model=profiled cluster.profile=FILE`), plus a least-squares fit
 of the roofline model's efficiencies and overheads (`fit_roofline`) to the same data.
 
-    python -m harness.perf.calibrate backend=vllm_cpu backend.python=.venv-engines/bin/python \
+    python -m harness.calibrate backend=vllm_cpu backend.python=.venv-engines/bin/python \
         --out results/calibration/vllm_cpu.json [--grid quick]
 
 What is measured (every request is a unique random prompt of token ids, `ignore_eos` + `max_tokens`):
@@ -55,7 +55,7 @@ from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, Rooflin
 from harness.rundir import check_writable
 from harness.stats import nnls
 
-logger = logging.getLogger("harness.perf.calibrate")
+logger = logging.getLogger("harness.calibrate")
 
 PROFILE_VERSION = 1
 
@@ -564,9 +564,9 @@ async def profile_engine(urls: list[str], g: Grid, vocab: int, max_model_len: in
 
 # --- command line ---------------------------------------------------------------------------------
 def parser():
-    p = cli.parser("harness.perf.calibrate", "Measures prefill and decode step times on real engines and writes "
+    p = cli.parser("harness.calibrate", "Measures prefill and decode step times on real engines and writes "
                    "a profile the simulator's profiled cost model reads (module docstring: "
-                   "harness/perf/calibrate.py).")
+                   "harness/calibrate.py).")
     p.epilog = "examples:\n  %(prog)s --out results/calibration/vllm_cpu.json backend=vllm_cpu\n" \
                "  %(prog)s --refit results/calibration/vllm_cpu.json     recompute the fits of a profile"
     p.add_argument("--out", default="results/calibration/profile.json", metavar="FILE", help="default: %(default)s")
@@ -581,7 +581,7 @@ def parser():
 def compose_config(overrides: list[str]):
     """configs/config.yaml with Hydra overrides (no logger: calibration logs nothing to W&B)."""
     from hydra import compose, initialize_config_dir
-    configs = str(Path(__file__).resolve().parents[2] / "configs")
+    configs = str(Path(__file__).resolve().parents[1] / "configs")
     with initialize_config_dir(config_dir=configs, version_base=None):
         return compose(config_name="config", overrides=["logger=none", *overrides])
 

@@ -1,4 +1,6 @@
-"""Role switcher: which engines change role to reach a target split.
+"""Allocations as splits (how many prefill engines; COLOCATED: none), and which engines change role to
+reach one. Here, not in a policy, because every policy that switches roles uses it (Prorsa, PEARL,
+oracle_pd).
 
 The cheapest to drain switch: a decode engine with the least decode work bound to it (then the fewest
 running sequences and least KV in use) becomes a prefill engine; a prefill engine still carrying the

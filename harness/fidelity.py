@@ -232,7 +232,7 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
     `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile).
     `contended`: a contended profile, for the simulator's model of servers sharing this host."""
     from harness.experiment import run_experiment
-from harness.calibrate import compose_config, machine_mismatch
+    from harness.calibrate import compose_config, machine_mismatch
     from harness.perf.profiled import read_profile
     mismatch = machine_mismatch(read_profile(profile, "--profile"))
     if mismatch:

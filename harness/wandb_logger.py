@@ -65,7 +65,7 @@ class WandbConfig:
     entity: str | None = None
     group: str | None = None        # None: the sweep directory's name in a multirun, no group otherwise
     tags: list[str] = field(default_factory=list)
-    tables: bool = True             # lifecycle and engine timeline as wandb.Table
+    tables: bool = False            # lifecycle and engine timeline as wandb.Table too (the artifact holds them)
     max_table_rows: int = 20000     # a larger table is left to the parquet artifact (~0.5 s per 1,000 rows)
 
     def make(self, config: dict, out_dir: Path, run_name: str, group: str | None) -> GuardedLogger:

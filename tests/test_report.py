@@ -584,7 +584,7 @@ BROKEN = [
     ("lifecycle_truncated", lambda d: truncate(d / "lifecycle.parquet"), "lifecycle.parquet: not a readable parquet file"),
     ("lifecycle_missing", lambda d: (d / "lifecycle.parquet").unlink(), "lifecycle.parquet: missing"),
     ("lifecycle_no_column", lambda d: pd.DataFrame({"trajectory_id": [0]}).to_parquet(d / "lifecycle.parquet"),
-     "lifecycle.parquet: no column step, turn, t_ready, t_prefill_start, t_prefill_end, t_transfer_end, t_decode_start, "
+     "lifecycle.parquet: no column step, t_ready, t_prefill_start, t_prefill_end, t_transfer_end, t_decode_start, "
      "t_decode_end, t_tool_end"),
     ("timeseries_truncated", lambda d: truncate(d / "timeseries.parquet", 0.9), "timeseries.parquet: not a readable parquet"),
     ("forecast_truncated", lambda d: truncate(d / "forecast.parquet"), "forecast.parquet: not a readable parquet file"),

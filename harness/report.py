@@ -7,6 +7,9 @@ into OUT (default: the first DIR):
   (mean and std over seeds), and efficiency against lower_bound_s;
 - serve.csv (and a table in speedup.md): per serving-benchmark run (mode=serve), request and token
   throughput and TTFT, TPOT and ITL p50/p90/p99;
+- why.csv (and a line per row in speedup.md and on the console): per row and policy, the shares of the
+  critical path in tool calls, queueing, prefill, KV transfer and decode, and the most any allocation could
+  gain by the lower bound (harness/critical_path.py);
 - prorsa.csv (and a table in speedup.md): per Prorsa run and seed, its time against colocation's and the
   best static allocation's of the same seed, which allocation that was, and its role switches;
 - figures/, each as PNG and PDF at a printable width (harness/figure_style.py: one policy order and colour
@@ -37,6 +40,7 @@ import pandas as pd
 import yaml
 
 from harness import cli, rundir
+from harness.critical_path import LIFECYCLE_COLUMNS, why_table
 from harness.figure_style import COLORS, LOOKS, PAGE_IN, ROLE_COLORS, policy_label, policy_look, policy_order, rc
 from harness.wandb_logger import PROJECT
 
@@ -115,12 +119,13 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 # What a run's files must hold for the report to read them: .hydra/config.yaml's top-level keys,
-# summary.json's keys (numbers finite), and the columns of the parquet files the figures read.
+# summary.json's keys (numbers finite), and the columns of the parquet files the figures and the why lines
+# read.
 CONFIG_KEYS = ("policy", "workload", "mode", "cluster", "seed")
 SUMMARY_TEXT = ("policy", "workload", "mode", "cluster")
 SUMMARY_NUMBERS = ("seed", "num_trajectories", "completed_trajectories", "rollout_time_s", "lower_bound_s",
                    "efficiency_vs_lower_bound")
-PARQUET_COLUMNS = {"lifecycle.parquet": ("trajectory_id", "t_ready", "t_decode_end"),
+PARQUET_COLUMNS = {"lifecycle.parquet": tuple(LIFECYCLE_COLUMNS),
                    "timeseries.parquet": ("t_s", "prefill_demand_tokens", "decode_requests"),
                    "forecast.parquet": ("t", "bin", "prefill_forecast", "prefill_actual")}
 
@@ -500,6 +505,8 @@ def serve_table(runs: list[Run], df: pd.DataFrame) -> pd.DataFrame:
 
 SPEEDUP_CAPTION = "Rollout-time speedup over colocate (same workload, mode, cluster and seed; mean ± std over seeds)"
 EFFICIENCY_CAPTION = "Efficiency: lower_bound_s / rollout_time_s (1.0 is the bound)"
+WHY_CAPTION = ("Why: where each row's critical path goes (sync: each step's last trajectory; async: the mean "
+               "trajectory) and what the lower bound leaves to gain (harness/critical_path.py)")
 
 
 @dataclass
@@ -507,6 +514,17 @@ class Tables:
     runs: pd.DataFrame          # runs_frame()
     speedup: pd.DataFrame       # as speedup.md shows them
     efficiency: pd.DataFrame
+    why: list[str]              # why_lines()
+
+
+def why_lines(why: pd.DataFrame, names: dict[tuple, str]) -> list[str]:
+    """One line per row: the why of its colocate runs (else of its first policy in the fixed order), as
+    `name · mode · cluster[ · setting]: why`, in the tables' order (`why`: why_table(); `names`: row_names())."""
+    lines = []
+    for key, grp in sorted(why.groupby(ROW_KEYS), key=lambda kv: (names[kv[0]], *kv[0][1:])):
+        first = grp.set_index("policy").loc[policy_order(grp["policy"])[0]]
+        lines.append(f"{' · '.join(x for x in (names[key], *key[1:]) if x)}: {first['why']}")
+    return lines
 
 
 def write_tables(runs: list[Run], out: Path) -> Tables:
@@ -517,8 +535,12 @@ def write_tables(runs: list[Run], out: Path) -> Tables:
     failed = _failed_lines(runs)
     names = row_names(df)
     speed, eff = _display(table, "speedup", names), _display(table, "efficiency", names)
+    why = why_table(df, ROW_KEYS)
+    why.to_csv(out / "why.csv", index=False)
+    lines = why_lines(why, names)
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed, partial or broken.\n",
           f"## {SPEEDUP_CAPTION}\n", md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", md_table(eff),
+          f"\n## {WHY_CAPTION}\n", *[f"- {line}" for line in lines],
           "\n## Failed runs\n", *([f"- {line}" for line in failed] or ["None."])]
     decided = [r for r in runs if r.complete and r.summary.get("prorsa_decisions")]
     if decided:
@@ -542,17 +564,18 @@ def write_tables(runs: list[Run], out: Path) -> Tables:
     tex += [r"\begin{itemize}", *[rf"\item \texttt{{{_tex_escape(line)}}}" for line in failed], r"\end{itemize}"] \
         if failed else ["None."]
     (out / "speedup.tex").write_text("\n".join(tex) + "\n")
-    return Tables(df, speed, eff)
+    return Tables(df, speed, eff, lines)
 
 
 def console_text(tables: Tables) -> str:
-    """The speedup and efficiency tables as the terminal shows them: best_fixed stands for the fixed
-    splits, each of which speedup.md lists."""
+    """The speedup and efficiency tables and the why lines as the terminal shows them: best_fixed stands for
+    the fixed splits, each of which speedup.md lists."""
     if tables.speedup.empty:
         return "no complete runs: no speedup table"
     shown = [(caption, t.drop(columns=[c for c in t.columns if c.startswith("fixed_pd[")]))
              for caption, t in [(SPEEDUP_CAPTION, tables.speedup), (EFFICIENCY_CAPTION, tables.efficiency)]]
-    return "\n\n".join(f"{caption}\n{table.to_string(index=False)}" for caption, table in shown)
+    tables_text = [f"{caption}\n{table.to_string(index=False)}" for caption, table in shown]
+    return "\n\n".join([*tables_text, "\n".join([WHY_CAPTION, *tables.why])])
 
 
 # --- figures ---------------------------------------------------------------------------------------

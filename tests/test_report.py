@@ -39,8 +39,12 @@ def make_run(root: Path, name: str, policy: str, rollout: float, seed: int = 0, 
                       "decode_forecast": [1.0, 2.0, 2.0], "decode_actual": [0.0, 2.0, 2.0]}).to_parquet(
             d / "forecast.parquet")
     (d / "summary.json").write_text(json.dumps(summary))
-    pd.DataFrame({"trajectory_id": [0, 0, 1], "t_ready": [0.0, 5.0, 0.0],
-                  "t_decode_end": [3.0, rollout, rollout / 2]}).to_parquet(d / "lifecycle.parquet")
+    # Two trajectories of one step, each turn 1 s of prefill then decode; trajectory 0 waits 2 s on a tool.
+    ready, end = pd.Series([0.0, 5.0, 0.0]), pd.Series([3.0, rollout, rollout / 2])
+    pd.DataFrame({"trajectory_id": [0, 0, 1], "step": 0, "turn": [0, 1, 0], "t_ready": ready,
+                  "t_prefill_start": ready, "t_prefill_end": ready + 1, "t_transfer_end": ready + 1,
+                  "t_decode_start": ready + 1, "t_decode_end": end,
+                  "t_tool_end": [5.0, rollout, rollout / 2]}).to_parquet(d / "lifecycle.parquet")
     if timeseries:
         pd.DataFrame({"t_s": [0.0, 1.0, 2.0], "prefill_demand_tokens": [100, 50, 0], "decode_requests": [0, 2, 1],
                       "engines_prefill": [0, 0, 0], "engines_decode": [0, 0, 0], "engines_colocated": [8, 8, 8],
@@ -439,6 +443,22 @@ def test_report_prints_its_speedup_table(sweep, capsys):
     assert any(line.startswith("Efficiency: lower_bound_s / rollout_time_s") for line in lines)
 
 
+def test_report_prints_and_writes_why_each_row_lands_where_it_does(sweep, capsys):
+    """colocate's critical path in the sync row: trajectory 0 (it ends last), 1 s prefill and 2 s tool per
+    100 or 120 s seed; colocate at 50/100 and 50/120 of the bound, which leaves 100% and 140% to gain."""
+    main([str(sweep)])
+    line = ("search · sync · dense_h100: decode-bound: 96% of colocate's critical path in decode (tool 2%, queue 0%, "
+            "prefill 2%, transfer 0%); colocate is at 0.46 of the lower bound: no allocation can beat it by more "
+            "than 120.0%")
+    out = capsys.readouterr().out.splitlines()
+    assert out[out.index(line) - 2].startswith("Why: where each row's critical path goes")   # after the async row's
+    assert f"- {line}" in (sweep / "speedup.md").read_text()
+    why = pd.read_csv(sweep / "why.csv").set_index(["mode", "policy"])
+    assert why.loc[("sync", "colocate"), "tool"] == pytest.approx((2 / 100 + 2 / 120) / 2)
+    assert why.loc[("sync", "colocate"), "seeds"] == 2
+    assert why.loc[("async", "colocate"), "decode"] == pytest.approx(130 / 135)   # the mean trajectory: 88 + 42 s
+
+
 def test_a_row_has_one_name_in_the_table_and_the_figures(tmp_path, monkeypatch):
     """A row whose runs name an experiment is called by it in speedup.md as in the figures' titles."""
     make_run(tmp_path, "colocate", "colocate", 100.0, workload="synthetic", experiment="heavy_prefill")
@@ -564,7 +584,8 @@ BROKEN = [
     ("lifecycle_truncated", lambda d: truncate(d / "lifecycle.parquet"), "lifecycle.parquet: not a readable parquet file"),
     ("lifecycle_missing", lambda d: (d / "lifecycle.parquet").unlink(), "lifecycle.parquet: missing"),
     ("lifecycle_no_column", lambda d: pd.DataFrame({"trajectory_id": [0]}).to_parquet(d / "lifecycle.parquet"),
-     "lifecycle.parquet: no column t_ready, t_decode_end"),
+     "lifecycle.parquet: no column step, t_ready, t_prefill_start, t_prefill_end, t_transfer_end, t_decode_start, "
+     "t_decode_end, t_tool_end"),
     ("timeseries_truncated", lambda d: truncate(d / "timeseries.parquet", 0.9), "timeseries.parquet: not a readable parquet"),
     ("forecast_truncated", lambda d: truncate(d / "forecast.parquet"), "forecast.parquet: not a readable parquet file"),
 ]

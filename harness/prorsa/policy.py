@@ -16,6 +16,9 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
      `check_samples` fresh samples of the futures (one sample's gain is noisy and, as the best of
      several candidates on it, biased up), and not sooner than `min_dwell_s`
      after the last switch.
+A plan on a cluster of more than `plan_engines` engines simulates a slice of it (slice.py), and a plan
+whose phase is bound by its longest chain of tool calls runs the present allocation only (planner.py,
+`Planner.settled`): its cost does not grow with the cluster.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
 phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from harness.api import ClusterView, EngineState, Role, Route
 from harness.experiment import run_info
-from harness.prorsa.slice import ClusterSlice
+from harness.prorsa.slice import ClusterSlice, cluster_split, scaled
 from harness.allocation import COLOCATED, roles_for
 from harness.prorsa.tracker import Phase, TrajectoryState
 from harness.prorsa.whatif import FutureTrajectory, FutureTurn
@@ -32,9 +32,10 @@ def test_a_slice_keeps_each_role_in_proportion_evenly_spaced():
 
 
 def test_a_slice_split_maps_back_in_proportion():
-    part = ClusterSlice(tuple(range(8)), 32)
-    assert [part.split(k) for k in (COLOCATED, 1, 2, 7)] == [COLOCATED, 4, 8, 28]
-    assert part.scaled(100) == 25 and part.scaled(1) == 1 and part.scaled(0) == 0
+    assert [cluster_split(k, 0.25, 32) for k in (COLOCATED, 1, 2, 7)] == [COLOCATED, 4, 8, 28]
+    assert scaled(100, 0.25) == 25 and scaled(1, 0.25) == 1 and scaled(0, 0.25) == 0
+    # the whole cluster (share 1) keeps every count and split
+    assert scaled(37, 1.0) == 37 and cluster_split(5, 1.0, 8) == 5
 
 
 def test_a_slice_keeps_the_trajectories_living_on_its_engines_renumbered():

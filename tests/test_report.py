@@ -322,16 +322,11 @@ def test_prorsa_timeline_marks_switches_and_forecast(six):
 def test_report_logs_its_table_and_figures_to_wandb(sweep, monkeypatch):
     """`--wandb`: one offline W&B run under OUT/wandb holding speedup.csv as a table (same rows) and
     every PNG figure as an image; checked in the run's .wandb file."""
-    import time
-    from tests.test_wandb import wandb_records
+    from tests.test_wandb import finished_records
     monkeypatch.delenv("WANDB_MODE", raising=False)
     main([str(sweep), "--wandb"])
     [run_file] = list(sweep.glob("wandb/offline-run-*/run-*.wandb"))
-    for _ in range(50):     # wandb's service may still be flushing the file after run.finish() returns
-        records = list(wandb_records(run_file))
-        if any(r.HasField("exit") for r in records):
-            break
-        time.sleep(0.2)
+    records = finished_records(run_file)
     history = {item.key or "/".join(item.nested_key): item.value_json for r in records if r.HasField("history")
                for item in r.history.item}
     assert int(history["speedup/nrows"]) == len(pd.read_csv(sweep / "speedup.csv"))

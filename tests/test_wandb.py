@@ -30,18 +30,24 @@ def wandb_records(path: Path):
             pending = b""
 
 
+def finished_records(run_file: Path) -> list:
+    """The run file's records once its exit record is written (wandb's service may still be flushing
+    the file after run.finish() returns; up to 10 s)."""
+    for _ in range(50):
+        records = list(wandb_records(run_file))
+        if any(r.HasField("exit") for r in records):
+            break
+        time.sleep(0.2)
+    return records
+
+
 def test_offline_run_holds_config_summary_timeseries_tables_and_artifact(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb",
                        "logger.tables=true"])
     summary = run_experiment(cfg, tmp_path, run_name="policy=colocate", group="sweep-1")
     [run_file] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-    records = list(wandb_records(run_file))
-    for _ in range(50):     # wandb's service may still be flushing the file after run.finish() returns
-        if any(r.HasField("exit") for r in records):
-            break
-        time.sleep(0.2)
-        records = list(wandb_records(run_file))
+    records = finished_records(run_file)
     kinds = {r.WhichOneof("record_type") for r in records}
     assert {"run", "history", "summary", "artifact"} <= kinds
 
@@ -78,11 +84,7 @@ def test_default_run_logs_the_artifact_and_no_tables(tmp_path, monkeypatch):
     cfg = load_config(["workload.batch_size=4", "workload.group_size=2", "mode.num_steps=1", "logger=wandb"])
     run_experiment(cfg, tmp_path)
     [run_file] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-    for _ in range(50):     # wandb's service may still be flushing the file after run.finish() returns
-        records = list(wandb_records(run_file))
-        if any(r.HasField("exit") for r in records):
-            break
-        time.sleep(0.2)
+    records = finished_records(run_file)
     assert any(r.HasField("artifact") and r.artifact.type == "results" for r in records)
     assert not list(tmp_path.glob("wandb/offline-run-*/files/media/table/*.table.json"))
 

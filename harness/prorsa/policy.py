@@ -43,7 +43,7 @@ from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, decode_left, future_sampler
-from harness.prorsa.slice import ClusterSlice
+from harness.prorsa.slice import ClusterSlice, cluster_split, scaled
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
@@ -161,9 +161,7 @@ class Prorsa(Policy):
 
     def _scaled(self, count: int) -> int:
         """A count of trajectories as a plan samples it: at the slice's share on a sliced cluster."""
-        if self.slice_share == 1.0:
-            return count
-        return max(1, round(count * self.slice_share)) if count > 0 else 0
+        return scaled(count, self.slice_share)
 
     def _slice(self, view: ClusterView) -> ClusterSlice | None:
         """The engines a plan simulates on a cluster bigger than `plan_engines` (None: all of them)."""
@@ -171,9 +169,7 @@ class Prorsa(Policy):
 
     def _cluster_split(self, split: int) -> int:
         """A split the planner chose (on the slice, if any) as a split of the cluster."""
-        if self.slice_share == 1.0:
-            return split
-        return ClusterSlice(tuple(range(self.plan_engines)), self.cluster.num_engines).split(split)
+        return cluster_split(split, self.slice_share, self.cluster.num_engines)
 
     def observe(self, event: LifecycleEvent) -> None:
         self.tracker.observe(event)

@@ -61,16 +61,6 @@ class ClusterSlice:
         engines = {e.engine_id: e for e in view.engines}
         return ClusterView(view.now, [replace(engines[cid], engine_id=i) for i, cid in enumerate(self.ids)])
 
-    def scaled(self, count: int) -> int:
-        """A count of trajectories at the slice's share (at least one of a non-zero count)."""
-        return max(1, round(count * self.share)) if count > 0 else 0
-
-    def split(self, split: int) -> int:
-        """A split of the slice as a split of the cluster (prefill engines in the same proportion)."""
-        if split == COLOCATED:
-            return COLOCATED
-        return min(max(round(split / self.share), 1), self.full - 1)
-
     def keeps(self, s: TrajectoryState, prefix: PrefixTracker, routes: dict[int, Route]) -> bool:
         """Whether a live trajectory is simulated: its home engine (the decode engine of its turn under
         way, else where its KV was last decoded, else prefilled) is in the slice; with no home yet, the
@@ -103,3 +93,16 @@ class ClusterSlice:
                 out.of[tid] = (self.index[engine_id], w)
                 out.on[self.index[engine_id]] += w
         return out
+
+
+def scaled(count: int, share: float) -> int:
+    """A count of trajectories at a slice's `share` of the cluster (at least one of a non-zero count)."""
+    return max(1, round(count * share)) if count > 0 else 0
+
+
+def cluster_split(split: int, share: float, engines: int) -> int:
+    """A split of a slice (`share` of `engines`) as a split of the cluster: prefill engines in the same
+    proportion."""
+    if split == COLOCATED:
+        return COLOCATED
+    return min(max(round(split / share), 1), engines - 1)

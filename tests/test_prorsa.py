@@ -284,6 +284,27 @@ def test_a_plan_bound_by_its_critical_path_runs_only_the_present_allocation():
     assert whole.scores[2] == d.scores[2] and full.whatif.events > 3 * planner.whatif.events
 
 
+def test_a_start_bound_by_its_critical_path_runs_only_staying():
+    """Tool calls of 300 s between turns: colocation's mean end is within INITIAL_TOLERANCE of the
+    samples' critical-path floor, so the start is colocation after its runs alone, as when every
+    candidate runs; before a sync step the present split is kept the same way."""
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    samples = [[replace(ft, turns=[replace(t, tool_latency_s=300.0) for t in ft.turns[:-1]] + ft.turns[-1:])
+                for ft in sampler.new(["synthetic"], [1.0], 16, 0, np.random.default_rng(seed))] for seed in (1, 2)]
+    bound = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    split, scores = bound.initial(samples, 64)
+    assert split == COLOCATED and set(scores) == {COLOCATED}
+    full = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    full.on_mean_end = lambda to_end: True   # no floor: every candidate is run, each scored by its last end
+    full.score = lambda outcome, to_end=False: outcome.completion_s
+    whole_split, whole = full.initial(samples, 64)
+    assert whole_split == COLOCATED and set(whole) == {COLOCATED, 1, 2, 3}
+    assert whole[COLOCATED] == scores[COLOCATED] and full.whatif.events > 3 * bound.whatif.events
+    split, scores = bound.initial(samples, 64, present=engines(roles_for(2, 4)))
+    assert split == 2 and set(scores) == {2}
+
+
 def test_step_start_plan_prices_the_switch_from_the_present_roles():
     """Between two sync steps (every engine idle): a candidate the engines reach by resharding starts
     60 s later (cluster.reshard_switch_time_s, every engine moving), so it scores its from-scratch

@@ -261,7 +261,11 @@ class Planner:
         is then reached from the present roles by moving the fewest engines, its switch priced by the
         what-if, and the present split is left only for one that beats it by more than the hysteresis.
 
-        `to_end` (async): the samples are the whole run, so they are scored by their last end."""
+        `to_end` (async): the samples are the whole run, so they are scored by their last end.
+
+        Where the score is the last end, staying (colocation at the start, the present split before a
+        step) is run first; when its mean is within the rule's margin of the samples' critical-path
+        floor, no candidate can be chosen over it and none is run (as `settled` in a plan)."""
         n = self.cluster.num_engines
         current = current_split(present) if present is not None else None
         splits = self.candidates(current if current is not None else COLOCATED if self.allow_colocated else 1)
@@ -277,7 +281,20 @@ class Planner:
         def run(k: int, new: list[FutureTrajectory]) -> float:
             return self.scored_run([], now_roles or roles[k], roles[k], new, max_in_flight, launched, to_end,
                                    step_start=present is not None)
-        per = {k: [run(k, new) for new in samples] for k in splits}
+        own: dict[int, list[float]] = {}
+        stay = current if current is not None else COLOCATED if self.allow_colocated and not hedges else None
+        if stay is not None and not self.on_mean_end(to_end):
+            # each sample's critical-path floor is below every candidate's score on it: when staying's mean
+            # is that close to the floors' mean, the rules below keep `stay` whatever the other candidates
+            # score, so they are not run
+            own[stay] = [run(stay, new) for new in samples]
+            mean = float(np.mean(own[stay]))
+            floor = float(np.mean([critical_path_floor(new, self.decode_floor_s) for new in samples]))
+            if (floor >= mean * (1 - self.hysteresis) if current is not None
+                    else mean <= floor * (1 + INITIAL_TOLERANCE)):
+                self._last = {stay: mean}
+                return stay, {stay: mean}
+        per = {k: own.get(k) or [run(k, new) for new in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()
             for k in splits:

@@ -79,7 +79,7 @@ def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
     return RunInfo(mode=mode.name, trajectories_per_step=per_step,
                    max_in_flight=mode.max_in_flight if mode.name == "async" else per_step,
                    num_steps=mode.num_steps, priors=workload.priors(), step_weights=shares,
-                   group_size=workload.group_size)
+                   group_size=workload.group_size, staleness=mode.staleness if mode.name == "async" else None)
 
 
 def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):

@@ -118,7 +118,7 @@ class Prorsa:
         planned = self.model.cluster(cluster)   # what the what-if simulates (model.py)
         whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins,
                         update_every=run.trajectories_per_step if run.mode == "async" else 0,
-                        total=run.total_trajectories)
+                        total=run.total_trajectories, staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
@@ -198,6 +198,7 @@ class Prorsa:
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
         self.planner.whatif.completed = self.tracker.started - len(self.tracker.live)
+        self.planner.whatif.started = self.tracker.started
         self.tracker.count_generated(view.now, view.generated_tokens())
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)

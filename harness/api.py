@@ -230,6 +230,7 @@ class RunInfo:
     # curriculum is configuration, known before the run), never the trajectories themselves
     step_weights: list[dict[str, float]] = field(default_factory=list)
     group_size: int = 1                  # samples per prompt (a GRPO group): trajectories_per_step's factor
+    staleness: int | None = None         # async: a batch starts at most this many ahead of those completed
 
     @property
     def weights(self) -> dict[str, float]:

@@ -82,7 +82,7 @@ def run_info(mode: ModeConfig, workload: Workload) -> RunInfo:
     in_flight = {"async": mode.max_in_flight, "serve": mode.max_concurrency or per_step}.get(mode.name, per_step)
     return RunInfo(mode=mode.name, trajectories_per_step=per_step, max_in_flight=in_flight,
                    num_steps=mode.num_steps, priors=workload.priors(), step_weights=shares,
-                   group_size=workload.group_size)
+                   group_size=workload.group_size, staleness=mode.staleness if mode.name == "async" else None)
 
 
 def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):

@@ -1461,3 +1461,22 @@ def test_a_turn_end_observed_after_the_next_turn_was_routed_keeps_that_route():
     assert policy.routes[7] == Route(1, 1)
     policy.observe(E(K.DECODE_END, 9.0, 7, 1, engine_id=1, tokens=50))
     assert 7 not in policy.routes
+
+
+@pytest.mark.parametrize("staleness, held", [(0, True), (1, False), (None, False)])
+def test_whatif_holds_new_trajectories_back_as_the_drivers_staleness_does(staleness, held):
+    """Async, 2 trajectories per batch, 4 slots: a live trajectory of batch 0 decodes a long answer while
+    the rest of batch 0 (one new) and batch 1 (two new) wait to start. With staleness 0 batch 1 starts
+    only once batch 0 has completed (the driver's `_fill_async`), so its trajectories end after the long
+    answer; with staleness 1, or no rule (sync), they start at once and end long before it."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
+    long = FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 0, 3_000, 0.0)])
+    new = [FutureTrajectory(-1 - i, "f", 0.0, [FutureTurn(500, 0, 10, 0.0)]) for i in range(3)]
+    whatif = WhatIf(cluster, 5, 4.0, update_every=2, total=100, staleness=staleness)
+    whatif.started, whatif.completed = 1, 0   # the live one started; nothing completed
+    ends = sorted(whatif.run([long], [Role.COLOCATED] * 2, [Role.COLOCATED] * 2, new, max_in_flight=4).ends)
+    alone = WhatIf(cluster, 5, 4.0).run([long], [Role.COLOCATED] * 2, [Role.COLOCATED] * 2).ends[0]
+    assert len(ends) == 4 and alone > 10 and ends[0] < 2      # batch 0's new one never waits
+    after_the_long_answer = sum(e >= alone * 0.99 for e in ends)
+    assert after_the_long_answer == (3 if held else 1)

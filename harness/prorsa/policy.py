@@ -130,7 +130,7 @@ class Prorsa(Policy):
             self.slice_share = self.plan_engines / cluster.num_engines
         whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins,
                         update_every=self._scaled(run.trajectories_per_step) if run.mode == "async" else 0,
-                        total=self._scaled(run.total_trajectories))
+                        total=self._scaled(run.total_trajectories), staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
@@ -225,6 +225,7 @@ class Prorsa(Policy):
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
         self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
+        self.planner.whatif.started = self._scaled(self.tracker.started)
         self.tracker.count_generated(view.now, view.generated_tokens())
         rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)

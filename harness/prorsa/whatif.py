@@ -426,6 +426,21 @@ class FutureSampler:
 
 
 @dataclass
+class StalenessGate:
+    """The driver's staleness rule (harness/rollout.py `_fill_async`) in a what-if: the run's next
+    trajectory starts only while its batch is at most `staleness` batches ahead of the batches completed.
+    Without it the what-if starts trajectories the run holds back, and over-forecasts the load wherever
+    the rule binds (runs of many batches)."""
+    per_step: int                       # trajectories per batch
+    staleness: int
+    started: int                        # trajectories the run has started (the what-if's starts added)
+    completed: int                      # ... completed before the what-if (its own ends are added)
+
+    def may_start(self, ended: int) -> bool:
+        return self.started // self.per_step <= (self.completed + ended) // self.per_step + self.staleness
+
+
+@dataclass
 class _Run:
     """The bookkeeping of one what-if simulation (a small agent loop over the simulator)."""
 
@@ -453,6 +468,7 @@ class _Run:
     then: Callable[[], list[FutureTrajectory]] | None = None   # sync: the next step's batch (WhatIf.run)
     next_step: set[int] = field(default_factory=set)           # its trajectory ids, once started
     after_switch: bool = False          # sync step start: the batch waits for the switches (WhatIf.run)
+    gate: StalenessGate | None = None   # async: new trajectories wait for their batch's turn
 
     def __post_init__(self):
         self.prefill = np.zeros(self.bins)
@@ -464,9 +480,12 @@ class _Run:
         return self.bins * self.bin_s
 
     def start_waiting(self) -> None:
-        """Start the new trajectories waiting, as many as the in-flight limit lets."""
-        while self.waiting_new and self.in_flight < self.max_in_flight:
+        """Start the new trajectories waiting, as many as the in-flight limit and the staleness let."""
+        while self.waiting_new and self.in_flight < self.max_in_flight and (
+                self.gate is None or self.gate.may_start(len(self.ends))):
             self.start(self.waiting_new.pop(), 0.0)
+            if self.gate is not None:
+                self.gate.started += 1
 
     def start(self, ft: FutureTrajectory, delay: float) -> None:
         self.in_flight += 1
@@ -609,7 +628,8 @@ def _switch(backend: SimBackend, roles_now: list[Role], roles: list[Role]) -> No
 class WhatIf:
     """Runs the simulator forward from the present under a candidate allocation."""
 
-    def __init__(self, cluster: ClusterConfig, bins: int, bin_s: float, update_every: int = 0, total: int = 0):
+    def __init__(self, cluster: ClusterConfig, bins: int, bin_s: float, update_every: int = 0, total: int = 0,
+                 staleness: int | None = None):
         """`update_every` (async): the trainer updates the weights after every `update_every` completed
         trajectories of the `total` the run has (harness/rollout.py), and each update flushes every
         prefix cache when the cluster does so (`flush_prefix_cache_on_weight_update`). Measured without
@@ -619,7 +639,9 @@ class WhatIf:
         self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
         self.balance = Balance.of(cluster)   # the router's rule, as the run's policy routes
         self.update_every, self.total = update_every, total
-        self.completed = 0        # trajectories the run has completed; the policy sets it before a plan
+        self.staleness = staleness   # async: the driver's staleness (None: no such rule)
+        self.completed = 0        # trajectories the run has completed; the policy sets both before a plan
+        self.started = 0          # ... and started
         self.placement: DecodeWork | None = None   # the policy's decode placement by forecast work, if any
         self.events = 0           # simulator events of every what-if run so far (a plan's cost)
 
@@ -657,7 +679,9 @@ class WhatIf:
                    max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=self.balance,
                    bound=bound, on_mean_end=on_mean_end,
                    weight_updates=self._weight_updates(len(futures) + len(new)),
-                   work=self.placement.copy() if self.placement is not None else None, then=then)
+                   work=self.placement.copy() if self.placement is not None else None, then=then,
+                   gate=StalenessGate(self.update_every, self.staleness, self.started, self.completed)
+                   if self.staleness is not None and self.update_every else None)
         for ft in futures:   # where each trajectory's KV lives, as the real router knows it
             if ft.decode_engine is not None:
                 run.prefix.decode_engine[ft.trajectory_id] = ft.decode_engine

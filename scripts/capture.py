@@ -30,7 +30,7 @@ MIN_ORACLE_GAIN = 0.03   # settings where the oracle beats hindsight_best by at 
 
 
 def sweep(out: Path, overrides: list[str]) -> None:
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", "progress_interval_s=0", *overrides]
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", *overrides]
     log.info("%s", " ".join(cmd[1:]))
     subprocess.run(cmd, cwd=ROOT, check=False)
 

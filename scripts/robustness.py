@@ -51,7 +51,7 @@ def slug(name: str) -> str:
 
 
 def sweep(out: Path, overrides: list[str]) -> None:
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", "progress_interval_s=0", *overrides]
+    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", *overrides]
     log.info("%s", " ".join(cmd[1:]))
     subprocess.run(cmd, cwd=ROOT, check=False)
 

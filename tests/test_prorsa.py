@@ -266,6 +266,20 @@ def test_no_allocation_ends_before_the_critical_path_floor():
             assert floor <= planner.whatif.run([], roles, roles, new, 64).completion_s
 
 
+def test_a_settled_choice_stays_closed_while_the_floor_keeps_it():
+    """Staying ends at 100 s, the floor is 98 s (a 98-s tool call), hysteresis 5%: settled, and the choice
+    stays closed while 98 - t >= 0.95 (100 - t), i.e. for (98 - 95) / 0.05 = 60 s. A floor of 94 s is
+    below 95: not settled."""
+    from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
+    cluster = cluster_of(HEAVY)
+    planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
+    staying = Outcome(100.0, 50.0, 1.0, [100.0], np.zeros(5), np.zeros(5))
+    chain = [FutureTrajectory(0, "f", 0.0, [FutureTurn(100, 0, 1, 98.0), FutureTurn(120, 110, 1, 0.0)])]
+    assert planner.settled(chain, staying, False) == pytest.approx(60.0)
+    chain = [FutureTrajectory(0, "f", 0.0, [FutureTurn(100, 0, 1, 94.0), FutureTurn(120, 110, 1, 0.0)])]
+    assert planner.settled(chain, staying, False) is None
+
+
 def test_a_plan_bound_by_its_critical_path_runs_only_the_present_allocation():
     """Tool calls of 300 s between turns: the phase ends with its longest chain of tool calls whatever
     the allocation, so the plan stays after one what-if run, as the full plan (every candidate run) does."""
@@ -276,9 +290,9 @@ def test_a_plan_bound_by_its_critical_path_runs_only_the_present_allocation():
     view = engines(roles_for(2, 4))
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
     d = planner.decide(view, 2, [], new, 64)
-    assert not d.switch and set(d.scores) == {2}
+    assert not d.switch and set(d.scores) == {2} and d.closed_for_s > 0
     full = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
-    full.settled = lambda *args: False
+    full.settled = lambda *args: None
     whole = full.decide(view, 2, [], new, 64)
     assert not whole.switch and set(whole.scores) == {COLOCATED, 1, 2, 3}
     assert whole.scores[2] == d.scores[2] and full.whatif.events > 3 * planner.whatif.events

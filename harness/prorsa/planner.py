@@ -105,6 +105,7 @@ class Decision:
     scores: dict[int, float]            # split -> predicted score (s from now): sync completion, async mean
                                         # end; inf: sure to lose by more than the hysteresis (not run out)
     current: Outcome                    # the what-if under the present allocation (the forecast)
+    closed_for_s: float | None = None   # settled by the critical-path floor: for how long (Planner.settled)
 
 
 class Planner:
@@ -145,16 +146,18 @@ class Planner:
             splits = sorted({*range(step, n, step), *near} & set(range(1, n)))
         return ([COLOCATED] if self.allow_colocated else []) + splits
 
-    def settled(self, trajectories: list[FutureTrajectory], staying: Outcome, to_end: bool) -> bool:
-        """Whether no allocation can beat staying by the hysteresis, where the score is the last end:
-        none can end sooner than the longest chain of tool calls and decode steps
-        (`critical_path_floor`). Then no other candidate is run, and the decision is the one they
-        would give. Measured on the 1,000-in-flight plan of benchmarks/test_prorsa_overhead.py: the
-        floor is 0.98 of staying's end, and the plan runs one what-if instead of eight."""
+    def settled(self, trajectories: list[FutureTrajectory], staying: Outcome, to_end: bool) -> float | None:
+        """Where the score is the last end: none can end sooner than the longest chain of tool calls and
+        decode steps (`critical_path_floor`). When that floor is >= staying's end x (1 - hysteresis), no
+        allocation can beat staying by the hysteresis, so no other candidate is run; this returns for how
+        long that holds if the world goes as sampled (both shrink by the time t that passes:
+        floor - t >= (1 - h)(end - t) while t <= (floor - (1 - h) end) / h). None: not settled."""
         if self.on_mean_end(to_end):
-            return False
-        floor = critical_path_floor(trajectories, self.decode_floor_s)
-        return floor >= self.score(staying, to_end) * (1 - self.hysteresis)
+            return None
+        slack = critical_path_floor(trajectories, self.decode_floor_s) - (1 - self.hysteresis) * self.score(staying, to_end)
+        if slack < 0:
+            return None
+        return slack / self.hysteresis if self.hysteresis > 0 else 0.0
 
     def decide(self, view: ClusterView, current: int, futures: list[FutureTrajectory],
                new: list[FutureTrajectory], max_in_flight: int,
@@ -188,9 +191,10 @@ class Planner:
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
                                               new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
                                               launched_as=launched, then=then if split == current else None)
-            if split == current and self.settled([*futures, *new], outcomes[current], to_end):
+            closed_for = self.settled([*futures, *new], outcomes[current], to_end) if split == current else None
+            if closed_for is not None:
                 self._last = {current: self.score(outcomes[current], to_end)}
-                return Decision(current, roles, False, dict(self._last), outcomes[current])
+                return Decision(current, roles, False, dict(self._last), outcomes[current], closed_for)
         scores = {k: self.score(o, to_end) for k, o in outcomes.items()}
         self._last = scores
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}

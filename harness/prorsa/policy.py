@@ -18,7 +18,8 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
      after the last switch.
 A plan on a cluster of more than `plan_engines` engines simulates a slice of it (slice.py), and a plan
 whose phase is bound by its longest chain of tool calls runs the present allocation only (planner.py,
-`Planner.settled`): its cost does not grow with the cluster.
+`Planner.settled`), and the next plan waits while that bound keeps the choice closed: its cost does not
+grow with the cluster.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
 phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).
@@ -61,6 +62,11 @@ log = logging.getLogger(__name__)
 # plan put 6P2D ahead (10.6 against 10.8 s) and started there; sampling four, colocation (21.2 against
 # 22.5 s).
 INITIAL_IN_FLIGHT_SETS = 4
+
+# A plan settled by the critical-path floor says how long the choice stays closed if the world goes as
+# its one sample of the futures says (Planner.settled); the next plan is due then, but after at most this
+# many replan intervals, since the sample may be wrong (a tail that turns out decode-bound).
+SETTLED_PLANS_SKIPPED = 6
 
 
 def split_name(split: int, n: int) -> str:
@@ -253,6 +259,9 @@ class Prorsa(Policy):
         if at is None:
             return None   # the slice is between roles (a switch under way elsewhere)
         d = self.planner.decide(planned, at, futures, new, in_flight, hedges, to_end=self._to_end(), then=then)
+        if d.closed_for_s is not None:   # the floor keeps the choice closed for a while (Planner.settled)
+            self._next_plan = view.now + max(self.replan_interval_s,
+                                             min(d.closed_for_s, SETTLED_PLANS_SKIPPED * self.replan_interval_s))
         self._record(view.now, d.current)
         self.plan_scores.append((view.now, d.scores))
         n = len(planned.engines)

@@ -1494,3 +1494,22 @@ def test_whatif_holds_new_trajectories_back_as_the_drivers_staleness_does(stalen
     assert len(ends) == 4 and alone > 10 and ends[0] < 2      # batch 0's new one never waits
     after_the_long_answer = sum(e >= alone * 0.99 for e in ends)
     assert after_the_long_answer == (3 if held else 1)
+
+
+def test_async_start_sample_follows_the_declared_schedule():
+    """Async, 3 batches of 32 trajectories, the mix declared reasoning-only for batch 0 and browse-only
+    from batch 1: the start's sample of the whole run is drawn batch by batch in those mixes (a sample
+    in the first batch's mix alone would be all reasoning), as a plan's trajectories to start are."""
+    from hydra.utils import instantiate
+
+    from harness.experiment import run_info
+    from harness.rollout import ModeConfig
+    schedule = "[{step:0,weights:{reasoning:1.0,browse:0.0}},{step:1,weights:{reasoning:0.0,browse:1.0}}]"
+    cfg = load_config(["policy=prorsa", "policy.initial=colocated", "workload=mix_reason_browse",
+                       "workload.batch_size=2", f"workload.schedule={schedule}"])
+    policy = instantiate(cfg.policy)
+    run = run_info(ModeConfig("async", 3, max_in_flight=32, staleness=1), instantiate(cfg.workload, seed=0))
+    policy.initial_roles(cluster_of([]), run)
+    sample = policy._scheduled(policy._sampler(0.0, True), 0, 96, 0, np.random.default_rng(0))
+    assert [ft.family for ft in sample] == ["reasoning"] * 32 + ["browse"] * 64
+    assert [ft.trajectory_id for ft in sample] == list(range(96))

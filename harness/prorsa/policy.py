@@ -408,19 +408,24 @@ class Prorsa(Policy):
         static split; Prorsa with the window: 930.9 s."""
         count = self._new_count()
         if self.mix_forecast == "schedule" and self.run.step_weights:
-            out, per, start, k = [], self.run.trajectories_per_step, self.tracker.started, 0
-            full = self._starting()
-            while k < full:                                # the run's (start + k)-th trajectory to start
-                step = min((start + k) // per, len(self.run.step_weights) - 1)
-                n = min(full - k, (step + 1) * per - start - k)
-                out += sampler.new(self.families, self._step_mix(step), self._scaled(n), -1 - count + len(out), rng)
-                k += n
-            return out
+            return self._scheduled(sampler, self.tracker.started, self._starting(), -1 - count, rng)
         recent = list(self.tracker.start_families)[-self.mix_window:]
         weights = self.weights
         if len(recent) >= self.mix_window:
             weights = [recent.count(f) for f in self.families]
         return sampler.new(self.families, weights, count, -1 - count, rng)
+
+    def _scheduled(self, sampler: FutureSampler, start: int, full: int, first_id: int, rng,
+                   group: int = 1) -> list[FutureTrajectory]:
+        """The run's trajectories `start` to `start + full` (at the slice's share), each in the declared
+        task mix of the batch it starts in."""
+        out, per, k = [], self.run.trajectories_per_step, 0
+        while k < full:                                    # the run's (start + k)-th trajectory to start
+            step = min((start + k) // per, len(self.run.step_weights) - 1)
+            n = min(full - k, (step + 1) * per - start - k)
+            out += sampler.new(self.families, self._step_mix(step), self._scaled(n), first_id + len(out), rng, group)
+            k += n
+        return out
 
     def _step_mix(self, step: int) -> list[float]:
         """The declared task mix of RL step `step` (the last declared one past the schedule's end), one
@@ -526,12 +531,18 @@ class Prorsa(Policy):
         as_step = run.mode == "sync" or whole
         group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
-        samples = [sampler.new(self.families, weights, count, 0, rng, group) for _ in range(first)]
+        if run.mode == "async" and self.mix_forecast == "schedule" and run.step_weights:
+            # an async start's sample spans several batches: each in its declared mix, as plans draw them
+            def sample() -> list[FutureTrajectory]:
+                return self._scheduled(sampler, 0, full, 0, rng, group)
+        else:
+            def sample() -> list[FutureTrajectory]:
+                return sampler.new(self.families, weights, count, 0, rng, group)
+        samples = [sample() for _ in range(first)]
         hedges = []
         if present is None and self._hedged_start():   # also weigh each family alone
             hedges = sampler.each_family_alone(self.families, count, 0, rng)
-        split, scores = self.planner.initial(samples, self._scaled(self.run.max_in_flight), hedges,
-                                             lambda: sampler.new(self.families, weights, count, 0, rng, group),
+        split, scores = self.planner.initial(samples, self._scaled(self.run.max_in_flight), hedges, sample,
                                              self.initial_max_samples, present, to_end=whole)
         self.plan_scores.append((now, scores))
         n = self.planner.cluster.num_engines

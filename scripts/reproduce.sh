@@ -5,6 +5,7 @@
 #                                         (the same numbers: every job is its own seeded process)
 #   LARGE=1 bash scripts/reproduce.sh     also section 5's curriculum on 64 H200 (16 engines: 56 runs,
 #                                         several hours on a 2-core machine; nothing in results/reference)
+#   MAPS=0 bash scripts/reproduce.sh      without section 6's regime maps (about half the set's time)
 # Each block is one Hydra multirun; rerunning skips the jobs already complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +87,7 @@ timed "$PY" scripts/claims.py "$OUT" "$OUT/report/claims.md"
 # DP16, and 8,000-token answers on DP1-DP16, below; CSV and heatmaps in OUT/regime_map and
 # OUT/regime_map_async), and section 4's performance-model accuracy (writes
 # results/reference/whatif_accuracy.csv itself).
-timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"
+if [ "${MAPS:-1}" = 1 ]; then timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"; fi
 timed "$PY" scripts/whatif_accuracy.py
 # The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
 # both ablations and PEARL at seed 0.
@@ -110,7 +111,9 @@ sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_brow
 timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT"/shift_reason_browse_{drain,kvboth_migrate,kvboth_migrate_placement} \
   "$OUT/$SYNC" --out "$OUT/report-shift"
 # The async regime map (its 16 cells with 8,000-token answers are the slowest of the set).
-timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
+if [ "${MAPS:-1}" = 1 ]; then
+  timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
+fi
 # With LARGE=1, the kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at
 # three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.
 E64=shift_reason_browse_kvboth_64gpu

@@ -236,6 +236,7 @@ class WandbLoggerSchema:
     tags: list[str] = key(omittable=True)
     tables: bool = key(omittable=True)
     max_table_rows: int = key(ge=0, omittable=True)
+    max_points: int = key(ge=2, omittable=True)
     _target_: str = target("harness.wandb_logger.WandbConfig")
 
 

@@ -34,8 +34,19 @@ OmegaConf.register_new_resolver("run_groups", lambda *, _root_: cli.run_help(_ro
 CONFIGS = str(Path(__file__).resolve().parent / "configs")   # absolute: the same from prorsa-run
 
 
+def main() -> None:
+    """`python run.py` and prorsa-run: the command line's group options and top-level keys are checked
+    first (a misspelt one is named with the closest allowed, nothing is written), then Hydra runs."""
+    try:
+        cli.check_overrides([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
+    except ValueError as exc:
+        print(f"Error: {exc}\nNothing was run or written.", file=sys.stderr, flush=True)
+        sys.exit(1)
+    run()
+
+
 @hydra.main(config_path=CONFIGS, config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN

@@ -13,8 +13,12 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from hydra.errors import HydraException, InstantiationException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, InstantiationException, OverrideParseException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from harness.schema import did_you_mean
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -64,6 +68,7 @@ def run_tool(p: argparse.ArgumentParser, main: Callable[[argparse.Namespace], No
         if key.replace("-", "_") in options:   # the tool's own key, as the older key=value style gave it
             p.error(f"{override!r} is an option of this tool: {options[key.replace('-', '_')]} {value}")
     try:
+        check_overrides(getattr(args, "overrides", []))
         main(args)
     except catch as exc:
         p.error(tool_error(exc))
@@ -91,3 +96,36 @@ def run_help(choices) -> str:
     return "\n".join([*(listed(f"  {g}", g) for g in RUN_GROUPS), "",
                       "Experiments: presets over several groups (configs/experiment/); the default picks none,",
                       "so one is added with a '+': +experiment=NAME.", listed("  +experiment", "experiment")])
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raises ValueError, one line with the closest allowed name, for an override naming a group option or
+    a top-level key that does not exist (`workload=swee`, `polcy=prorsa`), or an experiment without its
+    '+'. Checked before Hydra composes: Hydra's own message is a dozen lines and guesses nothing. Keys
+    inside a group (`policy.num_prefil`) are the schemas' to check (harness/schema.py); `hydra...`,
+    added (`+key`) and removed (`~key`) keys are left to Hydra."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return   # a syntax error: Hydra's message shows where
+    top = [k for k in OmegaConf.load(CONFIGS / "config.yaml") if k not in ("defaults", "hydra")]
+    groups = [*RUN_GROUPS, "experiment"]
+    for o in parsed:
+        key = o.key_or_group
+        if key.startswith("hydra") or o.is_delete():
+            continue
+        if key in groups:
+            if key == "experiment" and not o.is_add():
+                raise ValueError(f"{o.input_line} is invalid; an experiment is added: +{o.input_line}")
+            if o.value_type == o.value_type.GLOB_CHOICE_SWEEP:
+                continue   # glob(...) picks among the options itself
+            names = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            options, shown = _options(key), ("+" if o.is_add() else "") + key
+            for name in names:
+                if name not in options:
+                    raise ValueError(f"{shown}={name} is invalid;{did_you_mean(name, options, shown + '=')} "
+                                     f"allowed: one of {', '.join(options)}")
+        elif key.split(".")[0] not in [*top, *groups] and not (o.is_add() or o.is_force_add()):
+            head = key.split(".")[0]
+            raise ValueError(f"{o.input_line} is invalid: no group or key {head!r};"
+                             f"{did_you_mean(head, [*groups, *top])} allowed: one of {', '.join([*groups, *top])}")

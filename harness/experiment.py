@@ -205,37 +205,33 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     (out / SUMMARY).unlink(missing_ok=True)
     for name in OWN_FILES:   # only this harness's names: the directory may hold a user's own *.tmp
         (out / f"{name}.tmp").unlink(missing_ok=True)
-    logger = parts.logger.make(OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
     progress = Progress(label, float(cfg.progress_interval_s), driver.total,
                         per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
-    sampler.listeners += [logger.log_sample, progress]
-    failed = True
-    try:
-        sampler.start()
-        with progress.shown():
-            result = driver.run()
-        wall = time.perf_counter() - wall0
-        lifecycle = lifecycle_frame(result)
-        summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
-        summary.update(policy.metrics())
-        if tokens is not None:
-            summary.update(serve_metrics(lifecycle, tokens.itl(), result.rollout_time_s,
-                                         cluster.num_engines * cluster.gpus_per_engine))
-        forecast, legs = policy.forecast_frame(), backend.leg_frame()
-        files = {}
-        if forecast is not None:
-            files["forecast.parquet"] = lambda p: forecast.to_parquet(p, index=False)
-        if legs is not None:
-            files["legs.parquet"] = lambda p: legs.to_parquet(p, index=False)
-            summary["harness_overhead"] = backend.overhead()
-        summary["config_hash"] = config_hash(cfg)
-        timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
-        # The results and summary.json first, W&B after: a logger that fills the disk never costs a result.
-        write_files(out, {**files, **result_writers(lifecycle, timeline, sampler.frame()), SUMMARY: summary_writer(summary)})
-        logger.log_results(out, summary)
-        failed = False
-    finally:
-        logger.finish(failed)
+    sampler.listeners.append(progress)
+    sampler.start()
+    with progress.shown():
+        result = driver.run()
+    wall = time.perf_counter() - wall0
+    lifecycle = lifecycle_frame(result)
+    summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
+    summary.update(policy.metrics())
+    if tokens is not None:
+        summary.update(serve_metrics(lifecycle, tokens.itl(), result.rollout_time_s,
+                                     cluster.num_engines * cluster.gpus_per_engine))
+    forecast, legs = policy.forecast_frame(), backend.leg_frame()
+    files = {}
+    if forecast is not None:
+        files["forecast.parquet"] = lambda p: forecast.to_parquet(p, index=False)
+    if legs is not None:
+        files["legs.parquet"] = lambda p: legs.to_parquet(p, index=False)
+        summary["harness_overhead"] = backend.overhead()
+    summary["config_hash"] = config_hash(cfg)
+    timeline = clip_timeline(backend.engine_timeline(), driver.finished_at)
+    # The results and summary.json first, W&B after (off the run's critical path: harness/wandb_logger.py),
+    # so a logger that fails or fills the disk never costs a result.
+    write_files(out, {**files, **result_writers(lifecycle, timeline, sampler.frame()), SUMMARY: summary_writer(summary)})
+    logger = parts.logger.make(OmegaConf.to_container(cfg, resolve=True), out, run_name, group)
+    logger.log_results(out, summary)
     if logger.failure:   # the results are complete; what W&B lacks is said where the results are
         summary["logger_failure"] = logger.failure
         write_files(out, {SUMMARY: summary_writer(summary)})

@@ -236,6 +236,7 @@ class WandbLoggerSchema:
     tags: list[str] = key(omittable=True)
     tables: bool = key(omittable=True)
     max_table_rows: int = key(ge=0, omittable=True)
+    max_points: int = key(ge=2, omittable=True)
     _target_: str = target("harness.wandb_logger.WandbConfig")
 
 
@@ -505,9 +506,15 @@ def unknown_key(dotted: str, value: Any, allowed: list[str]) -> str:
     """The message for a key a node does not take (`dotted`: its full path): the keys allowed, and the
     closest of them (difflib) where one is close, as a misspelling is."""
     parent, _, key = dotted.rpartition(".")
-    close = difflib.get_close_matches(str(key), allowed, n=1)
-    hint = f" did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
-    return f"{dotted}={value!r} is invalid;{hint} allowed: one of {', '.join(allowed)}"
+    return f"{dotted}={value!r} is invalid;{did_you_mean(key, allowed, parent + '.' if parent else '')} allowed: " \
+           f"one of {', '.join(allowed)}"
+
+
+def did_you_mean(word: str, allowed: list[str], prefix: str = "") -> str:
+    """' did you mean <prefix><closest>?' where one of `allowed` is close to `word` (difflib), as a
+    misspelling is; '' otherwise."""
+    close = difflib.get_close_matches(str(word), allowed, n=1)
+    return f" did you mean {prefix}{close[0]}?" if close else ""
 
 
 def check_annotated(value: Any, tp: Any, where: str) -> None:

@@ -210,10 +210,15 @@ CONFIG_CASES = [
      "workload._target_='builtins.exec' is invalid; allowed: an importable class that Hydra's instantiate"),
     ("logger_target_blocklisted", ["logger._target_=os.system"],
      "logger._target_='os.system' is invalid; allowed: an importable class that Hydra's instantiate"),
+    # A group option or top-level key that does not exist, before Hydra composes (harness/cli.py
+    # check_overrides): one line with the closest allowed name.
+    ("unknown_top_level", ["foo=1"], "foo=1 is invalid: no group or key 'foo'; allowed: one of policy,"),
+    ("misspelt_group", ["polcy=prorsa"], "polcy=prorsa is invalid: no group or key 'polcy'; did you mean policy?"),
+    ("unknown_option", ["cluster=nonexistent"], "cluster=nonexistent is invalid; allowed: one of cpu_small,"),
+    ("misspelt_option", ["workload=swee"], "workload=swee is invalid; did you mean workload=swe? allowed: one of"),
+    ("experiment_without_plus", ["experiment=swe"], "experiment=swe is invalid; an experiment is added: +experiment=swe"),
     # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
     ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
-    ("unknown_top_level", ["foo=1"], "Key 'foo' is not in struct"),
-    ("unknown_option", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
     ("wrong_type_merge", ["workload=mix", "workload.components=[]"], "Error merging override workload.components=[]"),
 ]
 
@@ -471,9 +476,9 @@ TOOL_CASES = [
     ("harness.calibrate", ["--grid", "huge"], "argument --grid: invalid choice: 'huge'"),
     ("harness.calibrate", ["--engines", "0"], "--engines=0 is invalid; allowed: an integer >= 1"),
     ("harness.calibrate", ["--contended", "maybe"], "'maybe' is not an override"),
-    # Hydra's refusals and unreadable files, as one line (no Hydra traceback).
-    ("harness.calibrate", ["bogus=1"], "harness.calibrate: error: Could not override 'bogus'."),
-    ("harness.calibrate", ["cluster=nonexistent"], "Could not find 'cluster/nonexistent'"),
+    # Overrides naming nothing (harness/cli.py check_overrides), Hydra's refusals and unreadable files, as one line.
+    ("harness.calibrate", ["bogus=1"], "harness.calibrate: error: bogus=1 is invalid: no group or key 'bogus'"),
+    ("harness.calibrate", ["cluster=nonexistent"], "error: cluster=nonexistent is invalid; allowed: one of"),
     ("harness.fidelity", ["--profile", "missing.json"],
      "--profile='missing.json' is invalid; allowed: an existing profile file (python -m harness.calibrate "
      "writes one): No such file or directory"),
@@ -481,7 +486,7 @@ TOOL_CASES = [
      f"--profile={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
     ("harness.calibrate", ["--refit", str(ROOT / "README.md")],
      f"--refit={str(ROOT / 'README.md')!r} is invalid; allowed: {PROFILE_ROWS}not JSON (line 1 column 1"),
-    ("workloads.card", ["workload=swee"], "error: In 'config': Could not find 'workload/swee'"),
+    ("workloads.card", ["workload=swee"], "error: workload=swee is invalid; did you mean workload=swe? allowed:"),
     ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
     ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),
     ("workloads.card", ["+workload.batchsize=1"], "error: workload.batchsize=1 is invalid; did you mean workload.batch_size?"),

@@ -1,20 +1,24 @@
-"""W&B failing never costs a result: the run writes every result file and summary.json (with
-`logger_failure`), logs one warning through `logging`, and exits 3 (1 is a failed run). Real wandb offline
-runs; W&B is made to fail by a path it cannot use, or by patching one wandb call to raise."""
+"""W&B failing never costs a result. A writer that cannot be started (its directory unusable): the run
+writes every result file and summary.json (with `logger_failure`), logs one warning through `logging`,
+and exits 3 (1 is a failed run). A writer that fails once started (harness/wandb_writer.py, run here in
+this process with one wandb call patched to raise): it says so on its last line and exits 1, the result
+files untouched. Real wandb offline runs."""
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from harness.experiment import EXIT_LOGGER_FAILED, config_hash, is_complete, run_experiment
-from harness.wandb_logger import RESULT_FILES
+from harness import wandb_writer
+from harness.wandb_logger import RESULT_FILES, WandbConfig
 from tests.conftest import load_config
+from tests.test_wandb import written
 
 wandb = pytest.importorskip("wandb")
 
@@ -46,31 +50,38 @@ def test_wandb_directory_unusable_run_keeps_results_warns_and_exits_3(tmp_path):
     res = run_py(f"hydra.run.dir={tmp_path}", *SMALL, "logger=wandb")
     assert res.returncode == EXIT_LOGGER_FAILED, res.stdout[-2000:] + res.stderr[-2000:]
     summary = assert_results_complete(tmp_path, SMALL)
-    assert summary["logger_failure"].startswith("W&B start failed: NotADirectoryError")
-    assert "[harness.wandb_logger][WARNING] - W&B start failed: NotADirectoryError" in res.stdout
+    assert summary["logger_failure"].startswith("W&B start failed: FileExistsError")
+    assert "[harness.wandb_logger][WARNING] - W&B start failed: FileExistsError" in res.stdout
     assert "the results are complete, but W&B start failed" in res.stdout
     assert "Traceback" not in res.stdout + res.stderr and not (tmp_path / "error.json").exists()
     # The same numbers as a run without W&B.
-    plain = run_experiment(load_config(SMALL), tmp_path / "plain")
+    plain = run_experiment(load_config([*SMALL, "logger=none"]), tmp_path / "plain")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "lifecycle.parquet"),
                                   pd.read_parquet(tmp_path / "plain" / "lifecycle.parquet"))
     assert summary["rollout_time_s"] == plain["rollout_time_s"]
 
 
-def test_wandb_init_raising_keeps_results(tmp_path, monkeypatch, caplog):
+def write_run(out: Path, capsys) -> tuple[int, str]:
+    """The W&B writer run in this process on `out`'s results, as the run would start it: its exit status
+    and last line."""
+    summary = json.loads((out / "summary.json").read_text())
+    spec = WandbConfig().make(OmegaConf.to_container(load_config(SMALL), resolve=True), out, "run", None).spec(
+        out, summary)
+    status = wandb_writer.main(json.loads(json.dumps(spec, default=str)))   # as the writer reads it
+    return status, capsys.readouterr().out.splitlines()[-1]
+
+
+def test_wandb_init_raising_keeps_results(tmp_path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
         raise RuntimeError("wandb service did not start")
+    run_experiment(load_config([*SMALL, "logger=none"]), tmp_path)
+    before = {name: (tmp_path / name).read_bytes() for name in (*RESULT_FILES, "summary.json")}
     monkeypatch.setattr(wandb, "init", refuse)
-    with caplog.at_level(logging.WARNING, logger="harness.wandb_logger"):
-        summary = run_experiment(load_config([*SMALL, "logger=wandb"]), tmp_path)
-    assert_results_complete(tmp_path, SMALL)
-    assert summary["logger_failure"] == "W&B start failed: RuntimeError: wandb service did not start"
-    [record] = caplog.records
-    assert record.levelno == logging.WARNING and "wandb service did not start" in record.getMessage()
-    assert "the result files are written as usual" in record.getMessage()
+    assert write_run(tmp_path, capsys) == (1, "W&B start failed: RuntimeError: wandb service did not start")
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
 
 
-def test_wandb_failing_mid_run_warns_once_and_still_closes_the_run(tmp_path, monkeypatch, caplog):
+def test_wandb_failing_mid_run_says_so_once_and_logs_nothing_after(tmp_path, monkeypatch, capsys):
     from wandb.sdk.wandb_run import Run
     calls, real_log = [], Run.log
 
@@ -79,14 +90,13 @@ def test_wandb_failing_mid_run_warns_once_and_still_closes_the_run(tmp_path, mon
         if len(calls) >= 3:
             raise OSError(28, "No space left on device")
         return real_log(self, *args, **kwargs)
+    run_experiment(load_config([*SMALL, "logger=none"]), tmp_path)
     monkeypatch.setattr(Run, "log", log_then_fail)
-    with caplog.at_level(logging.WARNING, logger="harness.wandb_logger"):
-        summary = run_experiment(load_config([*SMALL, "logger=wandb"]), tmp_path)
-    assert_results_complete(tmp_path, SMALL)
-    assert summary["logger_failure"] == "W&B log failed: OSError: [Errno 28] No space left on device"
-    assert len(caplog.records) == 1, "one warning, not one per sample"
+    status, last = write_run(tmp_path, capsys)
+    assert (status, last) == (1, "W&B log_results failed: OSError: [Errno 28] No space left on device")
     assert len(calls) == 3, "nothing is logged after the failure"
-    assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "the W&B run was opened and closed"
+    assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "the W&B run was opened"
+    assert_results_complete(tmp_path, SMALL)
 
 
 def test_sweep_exits_3_naming_the_job_whose_logging_failed(tmp_path):
@@ -97,8 +107,8 @@ def test_sweep_exits_3_naming_the_job_whose_logging_failed(tmp_path):
                  "seed=0,1")
     assert res.returncode == EXIT_LOGGER_FAILED, res.stderr[-3000:]
     assert "1 job(s) of the sweep" in res.stderr and "W&B logging failed" in res.stderr
-    assert "seed=1: W&B start failed: NotADirectoryError" in res.stderr
+    assert "seed=1: W&B start failed: FileExistsError" in res.stderr
     for seed in (0, 1):
         summary = assert_results_complete(sweep / f"seed={seed}", [*SMALL, f"seed={seed}"])
         assert ("logger_failure" in summary) == (seed == 1)
-    assert list((sweep / "seed=0").glob("wandb/offline-run-*"))
+    assert written(sweep / "seed=0").startswith("W&B run written: ")   # one W&B run per job

@@ -191,3 +191,31 @@ def test_fp8_weights_by_hand():
     dp32 = Parallelism(tp=1, dp=32, ep=True)
     assert RooflineCostModel(cat["deepseek_v3"], gpus["h100"], PERF, dp32).kv_capacity_tokens(0.9, 2e9) == 0
     assert RooflineCostModel(ds, gpus["h100"], PERF, dp32).kv_capacity_tokens(0.9, 2e9) > 400_000
+
+
+def test_mla_prefill_is_unabsorbed_by_hand():
+    """DeepSeek-V3 (MLA) prefills as multi-head attention over up-projected K/V (q.k over 128 + 64 dims,
+    p.v over 128: head dim (128 + 64 + 128) / 2 = 160) and up-projects each chunk's cached prefix again
+    (kv_b_proj, 512 -> 128 heads x (128 + 128), 61 layers); decode stays absorbed (head dim 544).
+    By hand, H100, TP1, BF16, one chunk of 1,000 tokens after a 3,000-token prefix:
+      attention  4 * 61 * 128 * 160 * 1000 * (3000 + 999/2) / (989e12 * 0.45) = 39.29 ms
+      up-proj    2 * 61 * 512 * 128 * 256 * 3000 / (989e12 * 0.74)             =  8.39 ms
+      GEMMs      2 * dense_gemm_params * 1000 / (989e12 * 0.74)                 (compute-bound)"""
+    ds = model_catalogue()["deepseek_v3"]
+    assert ds.prefill_attn_head_dim == 160
+    assert ds.mla_up_proj_params == 61 * 512 * 128 * 256
+    m = model("deepseek_v3", dp=1)
+    attn = 4 * 61 * 128 * 160 * 1000 * (3000 + 999 / 2) / (989e12 * 0.45)
+    up = 2 * 61 * 512 * 128 * 256 * 3000 / (989e12 * 0.74)
+    gemm = 2 * ds.dense_gemm_params * 1000 / (989e12 * 0.74)
+    assert attn == pytest.approx(39.29e-3, rel=1e-3) and up == pytest.approx(8.39e-3, rel=1e-3)
+    b = RankBatch(prefill_tokens=1000, prefill_attn_ctx=1000 * (3000 + 999 / 2), prefill_kv_read=4000, requests=1)
+    assert m.rank_time(b) == pytest.approx(gemm + attn + up, rel=1e-12)
+    # decode: absorbed, 544 dims over the latent (memory-bound here: weights + latent KV read)
+    d = RankBatch(decode_seqs=64, decode_ctx=64 * 4000, requests=64)
+    compute = 2 * ds.dense_gemm_params * 64 / (989e12 * 0.74) + 4 * 61 * 128 * 544 * 64 * 4000 / (989e12 * 0.45)
+    memory = (ds.dense_gemm_params * 2 + 70_272 * 64 * 4000) / (3.35e12 * 0.80)
+    assert m.rank_time(d) == pytest.approx(max(compute, memory), rel=1e-12)
+    # any other model: one head dim in both phases, no up-projection
+    q = model("qwen3_8b")
+    assert q._prefill_attn_ratio == 1.0 and q._prefix_s_per_token == 0.0

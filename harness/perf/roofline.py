@@ -88,6 +88,11 @@ class RooflineCostModel:
             self._weight_bytes_rank = model.dense_gemm_params * BYTES_PER_PARAM / tp
         head_dim = model.attn_head_dim or model.head_dim
         self._attn_s_per_ctx = 4 * model.layers * model.heads * head_dim / (tp * peak * perf.attn_mfu)
+        # Prefill attention per context token is the decode one times this (1.0 but for MLA, which prefills
+        # un-absorbed: catalogue.py prefill_attn_head_dim), plus MLA's K/V up-projection of each chunk's
+        # cached prefix, a GEMM (0 for other models).
+        self._prefill_attn_ratio = model.prefill_attn_head_dim / head_dim
+        self._prefix_s_per_token = 2 * model.mla_up_proj_params / (tp * self._gemm_peak * perf.gemm_mfu)
         # KV heads are split over TP ranks up to kv_heads, then replicated (MLA: always replicated).
         self.kv_bytes_per_token_gpu = model.kv_bytes_per_token / min(tp, model.kv_heads)
         if tp > 1:  # two all-reduces per layer of tokens*hidden*2 bytes
@@ -127,7 +132,9 @@ class RooflineCostModel:
 
     def rank_time(self, b: RankBatch) -> float:
         tokens = b.tokens
-        compute = self._gemm_s_per_token * tokens + self._attn_s_per_ctx * (b.decode_ctx + b.prefill_attn_ctx)
+        compute = (self._gemm_s_per_token * tokens
+                   + self._attn_s_per_ctx * (b.decode_ctx + self._prefill_attn_ratio * b.prefill_attn_ctx)
+                   + self._prefix_s_per_token * (b.prefill_kv_read - b.prefill_tokens))
         memory = (self._weight_bytes_rank
                   + self.kv_bytes_per_token_gpu * (b.decode_ctx + b.prefill_kv_read)) * self._mem_s_per_byte
         comm = self._tp_fixed + self._tp_s_per_token * tokens if tokens else 0.0
@@ -188,6 +195,7 @@ class RooflineCostModel:
         that prefill)."""
         g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
                            self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
+        ratio, prefix = self._prefill_attn_ratio, self._prefix_s_per_token
         tp_fixed, tp_token = self._tp_fixed, self._tp_s_per_token
         total = requests = 0
         eager = not graph
@@ -206,7 +214,7 @@ class RooflineCostModel:
                 tokens = n
             total += tokens
             requests += req
-            compute = g * tokens + a * (c + attn_ctx)
+            compute = g * tokens + a * (c + ratio * attn_ctx) + prefix * (kv_read - pt)
             memory = (w + kv * (c + kv_read)) * ms
             t = max(compute, memory) + (tp_fixed + tp_token * tokens if tokens else 0.0)
             if t > slowest:

@@ -219,3 +219,36 @@ def test_mla_prefill_is_unabsorbed_by_hand():
     # any other model: one head dim in both phases, no up-projection
     q = model("qwen3_8b")
     assert q._prefill_attn_ratio == 1.0 and q._prefix_s_per_token == 0.0
+
+
+def test_multi_node_ep_prefill_all_to_all_by_hand():
+    """A step that prefills on more than one node of EP: DeepEP's normal kernels send a token once per
+    other node holding one of its experts (RDMA), then forward it over NVLink; decode-only steps keep
+    the low-latency kernels, every expert copy over RDMA. By hand, DeepSeek-V3 FP8 on 32 H100 (4 nodes,
+    64 experts each), 16,384 tokens per GPU, FP8 dispatch + BF16 combine = 7168 * 3 bytes a copy:
+      P(another node holds none of 8 experts) = C(192, 8) / C(256, 8) = 0.09645
+      remote nodes per token = 3 * (1 - 0.09645)                       = 2.7107
+      RDMA   16384 * 2.7107 * 21504 / (50e9 * 0.85)                    = 22.47 ms a layer
+      NVLink 16384 * 8 * 21504 * 7/8 / 450e9                           =  5.48 ms (overlapped, shorter)
+      low-latency 16384 * 8 * 31/32 * 21504 / (50e9 * 0.85)            = 64.25 ms a layer
+    so the prefill step's MoE is 58 * (64.25 - 22.47) ms = 2.423 s shorter than a decode step's."""
+    from math import comb
+    ds = replace(model_catalogue()["deepseek_v3"], weight_dtype="fp8")
+    m = RooflineCostModel(ds, gpu_catalogue()["h100"], PERF, Parallelism(tp=1, dp=32, ep=True))
+    miss = comb(192, 8) / comb(256, 8)
+    assert miss == pytest.approx(0.09645, abs=1e-5)
+    rdma = 16384 * 3 * (1 - miss) * 7168 * 3 / (50e9 * 0.85)
+    assert rdma == pytest.approx(22.47e-3, rel=1e-3)
+    assert m._forwarded_all_to_all(16384) == pytest.approx(rdma, rel=1e-12)
+    low_latency = 16384 * 8 * 31 / 32 * 7168 * 3 / (50e9 * 0.85)
+    tokens = 32 * 16384
+    assert m.moe_time(tokens, False) - m.moe_time(tokens, True) == pytest.approx(58 * (low_latency - rdma), rel=1e-9)
+    assert 58 * (low_latency - rdma) == pytest.approx(2.423, rel=1e-3)
+    # step_time prices the step as prefilling when any rank prefills
+    idle = RankBatch()
+    pre = RankBatch(prefill_tokens=tokens, prefill_attn_ctx=0.0, prefill_kv_read=tokens, requests=1)
+    assert m.step_time([pre] + [idle] * 31) == pytest.approx(m.rank_time(pre) + m.moe_time(tokens, True)
+                                                              + m._fixed(1, True), rel=1e-12)
+    # within one node (EP <= 8) prefill and decode steps pay the same NVLink all-to-all
+    one_node = model("qwen3_30b_a3b", gpu="h200", dp=4, ep=True)
+    assert one_node.moe_time(4096, True) == one_node.moe_time(4096, False)

@@ -8,7 +8,9 @@ tokens. Per data-parallel attention rank:
 and for the whole engine (all ranks step together, "DP attention"):
     T_step = max_r t_rank + T_moe(all tokens) + T_all2all + fixed overheads
 so one rank's prefill slows every rank's decode. Decode-only steps run as CUDA graphs and skip the
-per-layer launch overhead; a step with any prefill pays it (the "no-CUDA-graph penalty").
+per-layer launch overhead; a step with any prefill pays it (the "no-CUDA-graph penalty"). MLA models
+prefill un-absorbed (d from catalogue.py prefill_attn_head_dim); EP across nodes prices a step that
+prefills as DeepEP's node-forwarding kernels, a decode-only step as its low-latency ones.
 """
 from __future__ import annotations
 

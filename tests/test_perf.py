@@ -191,3 +191,64 @@ def test_fp8_weights_by_hand():
     dp32 = Parallelism(tp=1, dp=32, ep=True)
     assert RooflineCostModel(cat["deepseek_v3"], gpus["h100"], PERF, dp32).kv_capacity_tokens(0.9, 2e9) == 0
     assert RooflineCostModel(ds, gpus["h100"], PERF, dp32).kv_capacity_tokens(0.9, 2e9) > 400_000
+
+
+def test_mla_prefill_is_unabsorbed_by_hand():
+    """DeepSeek-V3 (MLA) prefills as multi-head attention over up-projected K/V (q.k over 128 + 64 dims,
+    p.v over 128: head dim (128 + 64 + 128) / 2 = 160) and up-projects each chunk's cached prefix again
+    (kv_b_proj, 512 -> 128 heads x (128 + 128), 61 layers); decode stays absorbed (head dim 544).
+    By hand, H100, TP1, BF16, one chunk of 1,000 tokens after a 3,000-token prefix:
+      attention  4 * 61 * 128 * 160 * 1000 * (3000 + 999/2) / (989e12 * 0.45) = 39.29 ms
+      up-proj    2 * 61 * 512 * 128 * 256 * 3000 / (989e12 * 0.74)             =  8.39 ms
+      GEMMs      2 * dense_gemm_params * 1000 / (989e12 * 0.74)                 (compute-bound)"""
+    ds = model_catalogue()["deepseek_v3"]
+    assert ds.prefill_attn_head_dim == 160
+    assert ds.mla_up_proj_params == 61 * 512 * 128 * 256
+    m = model("deepseek_v3", dp=1)
+    attn = 4 * 61 * 128 * 160 * 1000 * (3000 + 999 / 2) / (989e12 * 0.45)
+    up = 2 * 61 * 512 * 128 * 256 * 3000 / (989e12 * 0.74)
+    gemm = 2 * ds.dense_gemm_params * 1000 / (989e12 * 0.74)
+    assert attn == pytest.approx(39.29e-3, rel=1e-3) and up == pytest.approx(8.39e-3, rel=1e-3)
+    b = RankBatch(prefill_tokens=1000, prefill_attn_ctx=1000 * (3000 + 999 / 2), prefill_kv_read=4000, requests=1)
+    assert m.rank_time(b) == pytest.approx(gemm + attn + up, rel=1e-12)
+    # decode: absorbed, 544 dims over the latent (memory-bound here: weights + latent KV read)
+    d = RankBatch(decode_seqs=64, decode_ctx=64 * 4000, requests=64)
+    compute = 2 * ds.dense_gemm_params * 64 / (989e12 * 0.74) + 4 * 61 * 128 * 544 * 64 * 4000 / (989e12 * 0.45)
+    memory = (ds.dense_gemm_params * 2 + 70_272 * 64 * 4000) / (3.35e12 * 0.80)
+    assert m.rank_time(d) == pytest.approx(max(compute, memory), rel=1e-12)
+    # any other model: one head dim in both phases, no up-projection
+    q = model("qwen3_8b")
+    assert q._prefill_attn_ratio == 1.0 and q._prefix_s_per_token == 0.0
+
+
+def test_multi_node_ep_prefill_all_to_all_by_hand():
+    """A step that prefills on more than one node of EP: DeepEP's normal kernels send a token once per
+    other node holding one of its experts (RDMA), then forward it over NVLink; decode-only steps keep
+    the low-latency kernels, every expert copy over RDMA. By hand, DeepSeek-V3 FP8 on 32 H100 (4 nodes,
+    64 experts each), 16,384 tokens per GPU, FP8 dispatch + BF16 combine = 7168 * 3 bytes a copy:
+      P(another node holds none of 8 experts) = C(192, 8) / C(256, 8) = 0.09645
+      remote nodes per token = 3 * (1 - 0.09645)                       = 2.7107
+      RDMA   16384 * 2.7107 * 21504 / (50e9 * 0.85)                    = 22.47 ms a layer
+      NVLink 16384 * 8 * 21504 * 7/8 / 450e9                           =  5.48 ms (overlapped, shorter)
+      low-latency 16384 * 8 * 31/32 * 21504 / (50e9 * 0.85)            = 64.25 ms a layer
+    so the prefill step's MoE is 58 * (64.25 - 22.47) ms = 2.423 s shorter than a decode step's."""
+    from math import comb
+    ds = replace(model_catalogue()["deepseek_v3"], weight_dtype="fp8")
+    m = RooflineCostModel(ds, gpu_catalogue()["h100"], PERF, Parallelism(tp=1, dp=32, ep=True))
+    miss = comb(192, 8) / comb(256, 8)
+    assert miss == pytest.approx(0.09645, abs=1e-5)
+    rdma = 16384 * 3 * (1 - miss) * 7168 * 3 / (50e9 * 0.85)
+    assert rdma == pytest.approx(22.47e-3, rel=1e-3)
+    assert m._forwarded_all_to_all(16384) == pytest.approx(rdma, rel=1e-12)
+    low_latency = 16384 * 8 * 31 / 32 * 7168 * 3 / (50e9 * 0.85)
+    tokens = 32 * 16384
+    assert m.moe_time(tokens, False) - m.moe_time(tokens, True) == pytest.approx(58 * (low_latency - rdma), rel=1e-9)
+    assert 58 * (low_latency - rdma) == pytest.approx(2.423, rel=1e-3)
+    # step_time prices the step as prefilling when any rank prefills
+    idle = RankBatch()
+    pre = RankBatch(prefill_tokens=tokens, prefill_attn_ctx=0.0, prefill_kv_read=tokens, requests=1)
+    assert m.step_time([pre] + [idle] * 31) == pytest.approx(m.rank_time(pre) + m.moe_time(tokens, True)
+                                                              + m._fixed(1, True), rel=1e-12)
+    # within one node (EP <= 8) prefill and decode steps pay the same NVLink all-to-all
+    one_node = model("qwen3_30b_a3b", gpu="h200", dp=4, ep=True)
+    assert one_node.moe_time(4096, True) == one_node.moe_time(4096, False)

@@ -38,8 +38,12 @@ class MoESpec:
 
 @dataclass(frozen=True)
 class MLASpec:
+    """Multi-head latent attention's shapes (config.json: kv_lora_rank, qk_rope_head_dim,
+    qk_nope_head_dim, v_head_dim)."""
     kv_lora_rank: int
     rope_dim: int
+    nope_dim: int
+    v_head_dim: int
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,25 @@ class ModelSpec:
         if self.mla is not None:
             return self.layers * (self.mla.kv_lora_rank + self.mla.rope_dim) * BYTES_PER_PARAM
         return 2 * self.layers * self.kv_heads * self.head_dim * BYTES_PER_PARAM
+
+    @property
+    def prefill_attn_head_dim(self) -> float:
+        """The head dim of attention FLOPs in prefill. MLA prefills un-absorbed, as multi-head attention
+        over up-projected K/V: q.k over nope + rope dims, p.v over v_head_dim (vLLM
+        vllm/v1/attention/backends/mla/common.py, "Compute Friendly Approach"), where decode runs
+        absorbed over the latent (attn_head_dim). Other models: the same dim in both phases."""
+        if self.mla is not None:
+            return (self.mla.nope_dim + self.mla.rope_dim + self.mla.v_head_dim) / 2
+        return float(self.attn_head_dim or self.head_dim)
+
+    @property
+    def mla_up_proj_params(self) -> float:
+        """MLA's K/V up-projection (kv_b_proj: kv_lora_rank -> heads * (nope + v)), all layers. Un-absorbed
+        prefill runs it over every cached prefix token again (vLLM's chunked-context loop, same file);
+        over new tokens it is part of the dense GEMMs."""
+        if self.mla is None:
+            return 0.0
+        return float(self.layers * self.mla.kv_lora_rank * self.heads * (self.mla.nope_dim + self.mla.v_head_dim))
 
     @property
     def expert_params(self) -> float:

@@ -8,7 +8,9 @@ tokens. Per data-parallel attention rank:
 and for the whole engine (all ranks step together, "DP attention"):
     T_step = max_r t_rank + T_moe(all tokens) + T_all2all + fixed overheads
 so one rank's prefill slows every rank's decode. Decode-only steps run as CUDA graphs and skip the
-per-layer launch overhead; a step with any prefill pays it (the "no-CUDA-graph penalty").
+per-layer launch overhead; a step with any prefill pays it (the "no-CUDA-graph penalty"). MLA models
+prefill un-absorbed (d from catalogue.py prefill_attn_head_dim); EP across nodes prices a step that
+prefills as DeepEP's node-forwarding kernels, a decode-only step as its low-latency ones.
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from harness.perf.catalogue import BYTES_PER_PARAM, GPUSpec, ModelSpec
+
+# GPUs on one NVLink domain: 8 in the HGX/DGX H100, H200 and H800 nodes of every cluster here (DGX H100
+# datasheet: 8 GPUs, NVLink 4 switches). Expert parallelism over more GPUs crosses the RDMA NICs.
+GPUS_PER_NODE = 8
 
 
 @mypyc_attr(native_class=False)
@@ -88,6 +94,11 @@ class RooflineCostModel:
             self._weight_bytes_rank = model.dense_gemm_params * BYTES_PER_PARAM / tp
         head_dim = model.attn_head_dim or model.head_dim
         self._attn_s_per_ctx = 4 * model.layers * model.heads * head_dim / (tp * peak * perf.attn_mfu)
+        # Prefill attention per context token is the decode one times this (1.0 but for MLA, which prefills
+        # un-absorbed: catalogue.py prefill_attn_head_dim), plus MLA's K/V up-projection of each chunk's
+        # cached prefix, a GEMM (0 for other models).
+        self._prefill_attn_ratio = model.prefill_attn_head_dim / head_dim
+        self._prefix_s_per_token = 2 * model.mla_up_proj_params / (tp * self._gemm_peak * perf.gemm_mfu)
         # KV heads are split over TP ranks up to kv_heads, then replicated (MLA: always replicated).
         self.kv_bytes_per_token_gpu = model.kv_bytes_per_token / min(tp, model.kv_heads)
         if tp > 1:  # two all-reduces per layer of tokens*hidden*2 bytes
@@ -101,7 +112,7 @@ class RooflineCostModel:
         # steps are closest to compute-bound (0: its first step, 1: its last).
         grow, attn = self.kv_bytes_per_token_gpu * self._mem_s_per_byte, self._attn_s_per_ctx
         self._binding = (0,) if grow > attn * (1 + 1e-6) else (1,) if attn > grow * (1 + 1e-6) else (0, 1)
-        self._moe_memo: dict[int, float] = {}
+        self._moe_memo: dict[tuple[int, bool], float] = {}
         self._decode_memo: dict[tuple[int, bool], float] = {}
 
     # --- memory -------------------------------------------------------------------------------
@@ -127,19 +138,23 @@ class RooflineCostModel:
 
     def rank_time(self, b: RankBatch) -> float:
         tokens = b.tokens
-        compute = self._gemm_s_per_token * tokens + self._attn_s_per_ctx * (b.decode_ctx + b.prefill_attn_ctx)
+        compute = (self._gemm_s_per_token * tokens
+                   + self._attn_s_per_ctx * (b.decode_ctx + self._prefill_attn_ratio * b.prefill_attn_ctx)
+                   + self._prefix_s_per_token * (b.prefill_kv_read - b.prefill_tokens))
         memory = (self._weight_bytes_rank
                   + self.kv_bytes_per_token_gpu * (b.decode_ctx + b.prefill_kv_read)) * self._mem_s_per_byte
         comm = self._tp_fixed + self._tp_s_per_token * tokens if tokens else 0.0
         return max(compute, memory) + comm
 
-    def moe_time(self, tokens: int) -> float:
-        t = self._moe_memo.get(tokens)
+    def moe_time(self, tokens: int, prefill: bool = False) -> float:
+        """The MoE layers of a step of `tokens` tokens over all ranks; `prefill`: some rank prefills."""
+        key = (tokens, prefill)
+        t = self._moe_memo.get(key)
         if t is None:
-            t = self._moe_memo[tokens] = self._moe_time(tokens)
+            t = self._moe_memo[key] = self._moe_time(tokens, prefill)
         return t
 
-    def _moe_time(self, tokens: int) -> float:
+    def _moe_time(self, tokens: int, prefill: bool) -> float:
         moe = self.model.moe
         if moe is None or tokens == 0:
             return 0.0
@@ -148,8 +163,10 @@ class RooflineCostModel:
         touched = moe.experts * (1 - ((moe.experts - moe.top_k) / moe.experts) ** tokens)
         bytes_ = touched / moe.experts * self.model.expert_params * self.model.weight_bytes / n
         t = max(flops, bytes_ * self._mem_s_per_byte)
-        if self.par.ep and n > 1:  # dispatch + combine per MoE layer
-            link = self.gpu.scaleup_bw if n <= 8 else self.gpu.nic_bw * self.perf.nic_efficiency
+        if self.par.ep and n > GPUS_PER_NODE and prefill:   # across nodes, DeepEP's normal kernels
+            t += moe.layers * (2 * self.perf.collective_latency_s + self._forwarded_all_to_all(tokens / n))
+        elif self.par.ep and n > 1:  # dispatch + combine per MoE layer, every expert copy on the link
+            link = self.gpu.scaleup_bw if n <= GPUS_PER_NODE else self.gpu.nic_bw * self.perf.nic_efficiency
             if self._fp8:   # FP8 dispatch, BF16 combine (DeepSeek-V3 report, arXiv 2412.19437, section 3.3.3)
                 per_gpu = tokens / n * moe.top_k * self.model.hidden * (n - 1) / n
                 t += moe.layers * (2 * self.perf.collective_latency_s
@@ -158,6 +175,30 @@ class RooflineCostModel:
                 per_gpu = tokens / n * moe.top_k * self.model.hidden * BYTES_PER_PARAM * (n - 1) / n
                 t += 2 * moe.layers * (self.perf.collective_latency_s + per_gpu / link)
         return t
+
+    def _forwarded_all_to_all(self, tokens_per_gpu: float) -> float:
+        """One MoE layer's dispatch + combine across nodes in a step that prefills. SGLang's DeepEP `auto`
+        mode runs the normal kernels when any rank prefills, the low-latency ones otherwise (sglang
+        python/sglang/srt/layers/moe/utils.py DeepEPMode.resolve). Normal kernels send a token over RDMA once
+        to each other node holding one of its experts, to the GPU of the same local index, which forwards it
+        over NVLink to the GPUs holding them (DeepEP docs/legacy.md, "asymmetric-domain bandwidth
+        forwarding"; DeepSeek-V3 report, arXiv 2412.19437, section 3.2.2); the low-latency kernels send
+        every expert copy over RDMA ("pure RDMA"), priced in _moe_time. Experts sit evenly on the nodes and
+        a token's top_k are distinct experts drawn uniformly (no EPLB imbalance, no node-limited routing).
+        The RDMA and NVLink legs run at once (forwarding is pipelined): the slower one counts."""
+        moe = self.model.moe
+        assert moe is not None
+        nodes = self._moe_gpus / GPUS_PER_NODE
+        per_node = moe.experts / nodes
+        miss = 1.0   # P(another node holds none of a token's top_k experts): hypergeometric, C(E - E/N, k) / C(E, k)
+        for i in range(moe.top_k):
+            miss *= (moe.experts - per_node - i) / (moe.experts - i)
+        remote_nodes = (nodes - 1) * (1 - miss)
+        dispatch = self.model.weight_bytes if self._fp8 else BYTES_PER_PARAM   # FP8 dispatch, BF16 combine (as below)
+        copy = self.model.hidden * (dispatch + BYTES_PER_PARAM)
+        rdma = tokens_per_gpu * remote_nodes * copy / (self.gpu.nic_bw * self.perf.nic_efficiency)
+        nvlink = tokens_per_gpu * moe.top_k * copy * (GPUS_PER_NODE - 1) / GPUS_PER_NODE / self.gpu.scaleup_bw
+        return max(rdma, nvlink)
 
     def _fixed(self, requests: int, eager: bool) -> float:
         t = self.perf.overhead_per_step_s + self.perf.overhead_per_request_s * requests
@@ -170,16 +211,17 @@ class RooflineCostModel:
         A step runs as a CUDA graph when no rank prefills and `graph` (the batch fits the graph)."""
         tokens = requests = 0
         eager = not graph
+        prefills = False
         slowest = 0.0
         for r in ranks:   # one pass: the simulator calls this for every step that prefills
             tokens += r.decode_seqs + r.prefill_tokens
             requests += r.requests
             if r.prefill_tokens:
-                eager = True
+                eager = prefills = True
             t = self.rank_time(r)
             if t > slowest:
                 slowest = t
-        return slowest + self.moe_time(tokens) + self._fixed(requests, eager)
+        return slowest + self.moe_time(tokens, prefills) + self._fixed(requests, eager)
 
     def mixed_step_time(self, seqs: list[int], ctx: list[int], prefill: list[tuple], graph: bool = True) -> float:
         """`step_time` of ranks r = RankBatch(seqs[r], ctx[r], requests=seqs[r]), with the prefill chunks
@@ -188,9 +230,11 @@ class RooflineCostModel:
         that prefill)."""
         g, a, w, kv, ms = (self._gemm_s_per_token, self._attn_s_per_ctx, self._weight_bytes_rank,
                            self.kv_bytes_per_token_gpu, self._mem_s_per_byte)
+        ratio, prefix = self._prefill_attn_ratio, self._prefix_s_per_token
         tp_fixed, tp_token = self._tp_fixed, self._tp_s_per_token
         total = requests = 0
         eager = not graph
+        prefills = False
         slowest = 0.0
         k, nxt = 0, prefill[0][0] if prefill else -1
         for r, (n, c) in enumerate(zip(seqs, ctx)):
@@ -200,18 +244,18 @@ class RooflineCostModel:
                 nxt = prefill[k][0] if k < len(prefill) else -1
                 tokens = n + pt
                 if pt:
-                    eager = True
+                    eager = prefills = True
             else:
                 pt, attn_ctx, kv_read, req = 0, 0.0, 0, n
                 tokens = n
             total += tokens
             requests += req
-            compute = g * tokens + a * (c + attn_ctx)
+            compute = g * tokens + a * (c + ratio * attn_ctx) + prefix * (kv_read - pt)
             memory = (w + kv * (c + kv_read)) * ms
             t = max(compute, memory) + (tp_fixed + tp_token * tokens if tokens else 0.0)
             if t > slowest:
                 slowest = t
-        return slowest + self.moe_time(total) + self._fixed(requests, eager)
+        return slowest + self.moe_time(total, prefills) + self._fixed(requests, eager)
 
     def decode_step_times(self, seqs: np.ndarray, ctx: np.ndarray, steps: int, graph: bool = True) -> np.ndarray:
         """Times of `steps` consecutive decode-only steps whose batch does not change.

@@ -1,5 +1,6 @@
 """The report from hand-made result files: known speedups, failed runs named and left out, figures written
 (fixed policy colours and order, PNG and PDF at a printable width)."""
+import errno
 import json
 import os
 import re
@@ -658,3 +659,64 @@ def test_a_link_loop_is_walked_once_and_a_run_linked_twice_counts_once(sweep, tm
     (sweep / "again").symlink_to(sweep / "colocate_s0", target_is_directory=True)
     found = find_runs([sweep, sweep / "pd2_s0"])
     assert len(found) == len({r.path.resolve() for r in found}) == 11, [str(r.path) for r in found]
+
+
+# --- a report that cannot be written ------------------------------------------------------------------
+def full_disk(monkeypatch, when) -> None:
+    """Writes of the report's files whose path `when` picks fail as on a full disk; the others go on."""
+    import matplotlib.figure
+    write_text, savefig = Path.write_text, matplotlib.figure.Figure.savefig
+
+    def check(path) -> None:
+        if when(Path(path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(Path, "write_text", lambda path, *a, **k: check(path) or write_text(path, *a, **k))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, *a, **k: check(path) or savefig(fig, path, *a, **k))
+
+
+def failed_move(monkeypatch, when) -> None:
+    """Moving a staged file into the report directory fails where `when` picks its destination."""
+    replace = os.replace
+
+    def moving(src, dst):
+        if ".report-" in str(src) and "replaced-" not in str(src) and when(Path(dst)):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(src), None, str(dst))
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", moving)
+
+
+def tree(d: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(d)): None if p.is_dir() else p.read_bytes() for p in d.rglob("*")} if d.exists() else {}
+
+
+@pytest.mark.parametrize("out_exists,inject,failed,reason", [
+    (True, lambda mp: full_disk(mp, lambda p: p.name == "speedup.md"), "speedup.md",
+     "No space left on device"),
+    (True, lambda mp: full_disk(mp, lambda p: p.name == "speedup_bars.pdf"), "figures/speedup_bars.pdf",
+     "No space left on device"),
+    (False, lambda mp: full_disk(mp, lambda p: p.name == "speedup_bars.pdf"), "figures/speedup_bars.pdf",
+     "No space left on device"),
+    (True, lambda mp: failed_move(mp, lambda p: p.name == "speedup.tex"), "speedup.tex", "Input/output error"),
+], ids=["table_into_an_old_report", "figure_into_an_old_report", "figure_into_a_new_out", "a_move_into_place"])
+def test_a_report_that_cannot_be_written_leaves_out_as_it_was(sweep, tmp_path, capsys, monkeypatch, out_exists,
+                                                               inject, failed, reason):
+    """A write that fails midway (the tables or figures before it written) or a move into place that fails:
+    OUT holds what it held before, file for file (an earlier report and a user's own file; nothing if it
+    did not exist), and the error is one line naming the file."""
+    out = tmp_path / "out"
+    if out_exists:
+        main([str(sweep), "--out", str(out)])
+        assert (out / "speedup.md").is_file() and not list(out.glob(".report-*"))   # nothing staged left
+        (out / "mine.txt").write_text("mine")
+    before = tree(out)
+    make_run(sweep, "pd6_s0", "fixed_pd", 20.0, num_prefill=6)   # the new report would differ
+    capsys.readouterr()
+    inject(monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        main([str(sweep), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == \
+        [f"python -m harness.report: error: cannot write {out / failed}: {reason}; {out} is as it was"], err
+    assert tree(out) == before and out.exists() == out_exists

@@ -17,8 +17,9 @@ into OUT (default: the first DIR):
   (completion_cdf_*), makespan vs the P:D split of fixed_pd runs (makespan_vs_pd_*) and, per prorsa
   policy, its decisions and forecast over time (prorsa_timeline_*); over all rows, speedup bars
   (speedup_bars).
-A failed, partial or broken run (a file of it that cannot be read: truncated, not JSON, a NaN time) is
-listed in a "failed runs" section, naming its directory and what is wrong, and never enters a table or figure.
+A failed, partial or broken run (a file of it that cannot be read: truncated, not JSON, a NaN time, a
+parquet row group that does not decode) is listed in a "failed runs" section, naming its directory and what
+is wrong, and never enters a table or figure.
 The report is written all or nothing: its files are written into a temporary directory in OUT and moved
 into place once all are written, so a report that cannot be written (a full disk) leaves OUT as it was and
 names the file in one line.
@@ -167,15 +168,25 @@ def _check_summary(summary) -> None:
 
 
 def _check_parquet(path: Path) -> None:
-    """The file's footer and the columns the figures read (a truncated file has no footer)."""
+    """The file's footer, the columns the figures read, and every row group decoded (a truncated file has
+    no footer; a damaged page or a row group cut short has one, and fails only when its rows are read).
+    One row group at a time, so a large file costs the memory of one."""
     import pyarrow.parquet as pq
     try:
-        names = set(pq.read_schema(path).names)
+        file = pq.ParquetFile(path)
+        names = set(file.schema_arrow.names)
     except Exception as exc:   # noqa: BLE001 - pyarrow's errors for a damaged file have no common base
         raise Broken(f"{path.name}: not a readable parquet file ({' '.join(str(exc).split())})") from None
-    missing = [c for c in PARQUET_COLUMNS[path.name] if c not in names]
-    if missing:
-        raise Broken(f"{path.name}: no column {', '.join(missing)}")
+    with file:
+        missing = [c for c in PARQUET_COLUMNS[path.name] if c not in names]
+        if missing:
+            raise Broken(f"{path.name}: no column {', '.join(missing)}")
+        for i in range(file.num_row_groups):
+            try:
+                file.read_row_group(i)
+            except Exception as exc:   # noqa: BLE001 - as above
+                raise Broken(f"{path.name}: row group {i + 1} of {file.num_row_groups} cannot be read "
+                             f"({' '.join(str(exc).split())})") from None
 
 
 def _fill(run: Run) -> None:

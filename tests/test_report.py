@@ -551,6 +551,23 @@ def truncate(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[:int(len(data) * keep)])
 
 
+def damage_row_group(path: Path, group: int, column: str, how: str) -> None:
+    """Rewrites the file in row groups of one row, then damages row group `group` (from 0) where `column`'s
+    chunk starts: its page header overwritten ("garbage") or 32 bytes cut out there, shifting the rest
+    ("cut"). The footer stays readable either way."""
+    import pyarrow.parquet as pq
+    pd.read_parquet(path).to_parquet(path, row_group_size=1)
+    meta = pq.ParquetFile(path).metadata
+    chunk = meta.row_group(group).column(meta.schema.names.index(column))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    if how == "garbage":
+        data[start:start + 16] = b"\xff" * 16
+    else:
+        del data[start:start + 32]
+    path.write_bytes(bytes(data))
+
+
 def set_summary(d: Path, **keys) -> None:
     (d / "summary.json").write_text(json.dumps({**json.loads((d / "summary.json").read_text()), **keys}))
 
@@ -582,6 +599,12 @@ BROKEN = [
     ("lifecycle_no_column", lambda d: pd.DataFrame({"trajectory_id": [0]}).to_parquet(d / "lifecycle.parquet"),
      "lifecycle.parquet: no column step, t_ready, t_prefill_start, t_prefill_end, t_transfer_end, t_decode_start, "
      "t_decode_end, t_tool_end"),
+    ("lifecycle_row_group_garbage", lambda d: damage_row_group(d / "lifecycle.parquet", 2, "turn", "garbage"),
+     "lifecycle.parquet: row group 3 of 3 cannot be read (Couldn't deserialize thrift"),
+    ("lifecycle_row_group_cut", lambda d: damage_row_group(d / "lifecycle.parquet", 1, "trajectory_id", "cut"),
+     "lifecycle.parquet: row group 2 of 3 cannot be read ("),
+    ("timeseries_row_group_garbage", lambda d: damage_row_group(d / "timeseries.parquet", 0, "t_s", "garbage"),
+     "timeseries.parquet: row group 1 of 3 cannot be read (Couldn't deserialize thrift"),
     ("timeseries_truncated", lambda d: truncate(d / "timeseries.parquet", 0.9), "timeseries.parquet: not a readable parquet"),
     ("forecast_truncated", lambda d: truncate(d / "forecast.parquet"), "forecast.parquet: not a readable parquet file"),
 ]

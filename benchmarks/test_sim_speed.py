@@ -54,8 +54,8 @@ def run_benchmark(benchmark, overrides: list[str], rounds: int):
         return ([driver],), {}
 
     result = benchmark.pedantic(lambda held: held.pop().run(), setup=setup, rounds=rounds, iterations=1)
-    turns, events = len(result.records), last[0].loop.events_processed
-    info = {"trajectories": len(result.scripts), "turns": turns, "events": events,
+    turns, events = len(result.turns), last[0].loop.events_processed
+    info = {"trajectories": result.trajectories, "turns": turns, "events": events,
             "simulated_s": result.rollout_time_s, "gpus": last[0].cluster.num_gpus,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if benchmark.stats:   # none under --benchmark-disable
@@ -68,12 +68,12 @@ def run_benchmark(benchmark, overrides: list[str], rounds: int):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_one_rl_step_1024_trajectories_64_gpus(benchmark, policy):
     result = run_benchmark(benchmark, BIG + POLICIES[policy], rounds=3)
-    assert len(result.scripts) == 1024
-    assert len(result.records) / len(result.scripts) > 15
+    assert result.trajectories == 1024
+    assert len(result.turns) / result.trajectories > 15
 
 
 @pytest.mark.large
 def test_one_rl_step_16384_trajectories_1024_gpus(benchmark):
     result = run_benchmark(benchmark, BIG + WIDE + POLICIES["colocate"], rounds=1)
-    assert len(result.scripts) == 16384
-    assert len(result.records) / len(result.scripts) > 15
+    assert result.trajectories == 16384
+    assert len(result.turns) / result.trajectories > 15

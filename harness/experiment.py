@@ -23,7 +23,6 @@ import time
 import traceback
 import typing
 from collections import Counter
-from operator import attrgetter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from harness import schema
 from harness.cluster import ClusterConfig, cluster_from_config, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.policy import Policy
-from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult
+from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult, run_batches
 from harness.serve import TokenTimes, check_serve, serve_metrics
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.progress import Progress
@@ -213,7 +212,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         result = driver.run()
     wall = time.perf_counter() - wall0
     lifecycle = lifecycle_frame(result)
-    summary = summarize(cfg, cluster, mode, result, lifecycle, backend, wall, policy.name, workload.name)
+    summary = summarize(cfg, cluster, mode, workload, result, lifecycle, backend, wall, policy.name)
     summary.update(policy.metrics())
     if tokens is not None:
         summary.update(serve_metrics(lifecycle, tokens.itl(), result.rollout_time_s,
@@ -341,21 +340,21 @@ def record_failure(out_dir: str | os.PathLike, cfg: DictConfig, overrides: list[
 
 
 def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
-    row = attrgetter(*TURN_COLUMNS)
-    return pd.DataFrame([row(r) for r in result.records], columns=TURN_COLUMNS)
+    return pd.DataFrame(result.turns.columns(), columns=TURN_COLUMNS)
 
 
-def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, result: RolloutResult, df: pd.DataFrame, backend,
-              wall_s: float, policy_name: str, workload_name: str) -> dict:
+def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, workload: Workload, result: RolloutResult,
+              df: pd.DataFrame, backend, wall_s: float, policy_name: str) -> dict:
     done = int(df.groupby("trajectory_id")["t_decode_end"].apply(lambda s: s.notna().all()).sum()) if len(df) else 0
+    batches = run_batches(workload, mode)
     if mode.name == "serve":   # all requests at once, at most max_concurrency in flight (arrivals only add)
-        lb = lower_bound_s(cluster, result.scripts, "async", mode.max_concurrency or 0)
+        lb = lower_bound_s(cluster, batches, "async", mode.max_concurrency or 0)
     else:
-        lb = lower_bound_s(cluster, result.scripts, mode.name, mode.max_in_flight)   # the cap applies in async only
+        lb = lower_bound_s(cluster, batches, mode.name, mode.max_in_flight)   # the cap applies in async only
     summary = {
-        "policy": policy_name, "workload": workload_name, "mode": mode.name,
+        "policy": policy_name, "workload": workload.name, "mode": mode.name,
         "backend": str(cfg.backend.name), "cluster": cluster.name, "seed": int(cfg.seed),
-        "num_trajectories": len(result.scripts), "completed_trajectories": done,
+        "num_trajectories": result.trajectories, "completed_trajectories": done,
         "rollout_time_s": result.rollout_time_s,
         "throughput_traj_per_s": done / result.rollout_time_s if result.rollout_time_s > 0 else 0.0,
         "lower_bound_s": lb,

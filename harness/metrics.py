@@ -15,6 +15,8 @@ end, at least its critical path, so the run takes at least the summed critical p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from itertools import chain
 
 import numpy as np
 
@@ -73,29 +75,30 @@ class LowerBound:
                 t += turn.tool_latency_s
         return t
 
-    def bound(self, scripts: list[TrajectoryScript], max_in_flight: int = 0) -> float:
+    def bound(self, scripts: Iterable[TrajectoryScript], max_in_flight: int = 0) -> float:
         """The larger of the work bound and the critical path; with `max_in_flight` (async), also the
-        slot bound (the module's docstring)."""
-        if not scripts:
-            return 0.0
-        prefill = sum(t.new_tokens for s in scripts for t in s.turns)
-        decode = sum(t.output_tokens for s in scripts for t in s.turns)
+        slot bound (the module's docstring). One pass: `scripts` may be generated as it goes."""
+        prefill = decode = 0
+        longest = paths = 0.0
+        for s in scripts:
+            prefill += sum(t.new_tokens for t in s.turns)
+            decode += sum(t.output_tokens for t in s.turns)
+            path = self.critical_path(s)
+            longest, paths = max(longest, path), paths + path
         n = self.cluster.num_engines
         work = max(prefill / (n * self.prefill_rate), decode / (n * self.decode_rate))
-        paths = [self.critical_path(s) for s in scripts]
-        slots = sum(paths) / max_in_flight if max_in_flight else 0.0
-        return max(work, max(paths), slots)
+        slots = paths / max_in_flight if max_in_flight else 0.0
+        return max(work, longest, slots)
 
 
-def lower_bound_s(cluster: ClusterConfig, scripts: list[TrajectoryScript], mode: str, max_in_flight: int = 0) -> float:
-    """`max_in_flight`: the async cap on trajectories in flight (0: no slot bound)."""
+def lower_bound_s(cluster: ClusterConfig, batches: Iterable[list[TrajectoryScript]], mode: str,
+                  max_in_flight: int = 0) -> float:
+    """`batches`: the run's trajectories, one RL step's at a time (harness.rollout.run_batches);
+    `max_in_flight`: the async cap on trajectories in flight (0: no slot bound)."""
     lb = LowerBound(cluster)
     if mode == "async":
-        return lb.bound(scripts, max_in_flight)
-    steps: dict[int, list[TrajectoryScript]] = {}
-    for s in scripts:
-        steps.setdefault(s.step, []).append(s)
-    return sum(lb.bound(v) for v in steps.values())
+        return lb.bound(chain.from_iterable(batches), max_in_flight)
+    return sum(lb.bound(batch) for batch in batches)
 
 
 def turn_latency_percentiles(df) -> dict[str, float]:

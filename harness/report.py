@@ -17,8 +17,12 @@ into OUT (default: the first DIR):
   (completion_cdf_*), makespan vs the P:D split of fixed_pd runs (makespan_vs_pd_*) and, per prorsa
   policy, its decisions and forecast over time (prorsa_timeline_*); over all rows, speedup bars
   (speedup_bars).
-A failed, partial or broken run (a file of it that cannot be read: truncated, not JSON, a NaN time) is
-listed in a "failed runs" section, naming its directory and what is wrong, and never enters a table or figure.
+A failed, partial or broken run (a file of it that cannot be read: truncated, not JSON, a NaN time, a
+parquet row group that does not decode) is listed in a "failed runs" section, naming its directory and what
+is wrong, and never enters a table or figure.
+The report is written all or nothing: its files are written into a temporary directory in OUT and moved
+into place once all are written, so a report that cannot be written (a full disk) leaves OUT as it was and
+names the file in one line.
 With `--wandb [PROJECT]` the report is also one W&B run (job type "report", offline unless WANDB_MODE
 says otherwise, under OUT/wandb): speedup.csv as a W&B table and every PNG figure as an image.
 """
@@ -29,8 +33,12 @@ import logging
 import math
 import os
 import re
+import shutil
+import tempfile
 import textwrap
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -160,15 +168,25 @@ def _check_summary(summary) -> None:
 
 
 def _check_parquet(path: Path) -> None:
-    """The file's footer and the columns the figures read (a truncated file has no footer)."""
+    """The file's footer, the columns the figures read, and every row group decoded (a truncated file has
+    no footer; a damaged page or a row group cut short has one, and fails only when its rows are read).
+    One row group at a time, so a large file costs the memory of one."""
     import pyarrow.parquet as pq
     try:
-        names = set(pq.read_schema(path).names)
+        file = pq.ParquetFile(path)
+        names = set(file.schema_arrow.names)
     except Exception as exc:   # noqa: BLE001 - pyarrow's errors for a damaged file have no common base
         raise Broken(f"{path.name}: not a readable parquet file ({' '.join(str(exc).split())})") from None
-    missing = [c for c in PARQUET_COLUMNS[path.name] if c not in names]
-    if missing:
-        raise Broken(f"{path.name}: no column {', '.join(missing)}")
+    with file:
+        missing = [c for c in PARQUET_COLUMNS[path.name] if c not in names]
+        if missing:
+            raise Broken(f"{path.name}: no column {', '.join(missing)}")
+        for i in range(file.num_row_groups):
+            try:
+                file.read_row_group(i)
+            except Exception as exc:   # noqa: BLE001 - as above
+                raise Broken(f"{path.name}: row group {i + 1} of {file.num_row_groups} cannot be read "
+                             f"({' '.join(str(exc).split())})") from None
 
 
 def _fill(run: Run) -> None:
@@ -531,12 +549,12 @@ def write_tables(runs: list[Run], out: Path) -> Tables:
     df = runs_frame(runs)
     per_seed = speedups(df)
     table = speedup_table(per_seed)
-    _wide(table).to_csv(out / "speedup.csv", index=False)
+    _write(out / "speedup.csv", partial(_wide(table).to_csv, index=False))
     failed = _failed_lines(runs)
     names = row_names(df)
     speed, eff = _display(table, "speedup", names), _display(table, "efficiency", names)
     why = why_table(df, ROW_KEYS)
-    why.to_csv(out / "why.csv", index=False)
+    _write(out / "why.csv", partial(why.to_csv, index=False))
     lines = why_lines(why, names)
     md = [f"# Speedup report\n\n{len(df)} complete runs, {len(failed)} failed, partial or broken.\n",
           f"## {SPEEDUP_CAPTION}\n", md_table(speed), f"\n## {EFFICIENCY_CAPTION}\n", md_table(eff),
@@ -549,21 +567,21 @@ def write_tables(runs: list[Run], out: Path) -> Tables:
                  f"switches; {decisions_text(r.summary['prorsa_decisions'])}" for r in decided]]
     served = serve_table(runs, df)
     if not served.empty:
-        served.to_csv(out / "serve.csv", index=False)
+        _write(out / "serve.csv", partial(served.to_csv, index=False))
         md += [f"\n## {SERVE_CAPTION}\n", md_table(served)]
     seeds = prorsa_seeds(df)
-    seeds.to_csv(out / "prorsa.csv", index=False)
+    _write(out / "prorsa.csv", partial(seeds.to_csv, index=False))
     if not seeds.empty:
         md += [f"\n## {PRORSA_CAPTION}\n", md_table(prorsa_display(seeds, names))]
     below = oracle_below_hindsight(per_seed)
     if below:
         md += ["\n## oracle_pd below hindsight_best (an oracle never should be)\n", *[f"- {x}" for x in below]]
         log.warning("oracle_pd is below hindsight_best in %d setting(s): %s", len(below), "; ".join(below))
-    (out / "speedup.md").write_text("\n".join(md) + "\n")
+    _write(out / "speedup.md", lambda p: p.write_text("\n".join(md) + "\n"))
     tex = [_tex_table(speed, SPEEDUP_CAPTION), _tex_table(eff, EFFICIENCY_CAPTION), r"\paragraph{Failed runs}"]
     tex += [r"\begin{itemize}", *[rf"\item \texttt{{{_tex_escape(line)}}}" for line in failed], r"\end{itemize}"] \
         if failed else ["None."]
-    (out / "speedup.tex").write_text("\n".join(tex) + "\n")
+    _write(out / "speedup.tex", lambda p: p.write_text("\n".join(tex) + "\n"))
     return Tables(df, speed, eff, lines)
 
 
@@ -670,7 +688,7 @@ class Figures:
         import matplotlib.pyplot as plt
         for ext in ("png", "pdf"):
             path = self.out / f"{_slug(name)}.{ext}"
-            fig.savefig(path)
+            _write(path, fig.savefig)
             self.written.append(path)
         plt.close(fig)
 
@@ -895,11 +913,79 @@ def log_to_wandb(out: Path, figures: list[Path], project: str) -> bool:
         return False
 
 
-def report(runs: list[Run], out: Path) -> tuple[Tables, list[Path]]:
-    """The tables and figures of `runs` in `out`: the tables, and the figure files written."""
+# --- writing ---------------------------------------------------------------------------------------
+def _write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(path)`; an OSError (a full disk) is raised again naming the file, which a write that fails
+    after opening it does not."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A temporary directory in `out` to write the report into; once the block ends, its files are moved
+    to the same names in `out`. A failure (a full disk) leaves `out` as it was: the staged files are
+    removed, the files they replaced put back, and `out` itself removed if this made it. The OSError
+    names the file under `out`."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
     out.mkdir(parents=True, exist_ok=True)
-    tables = write_tables(runs, out)
-    return tables, Figures(tables.runs, out / "figures").all()
+    stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
+    try:
+        yield stage
+        _move_in(stage, out)
+    except BaseException as exc:
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)
+        if not isinstance(exc, OSError):
+            raise
+        name = Path(exc.filename) if exc.filename else out
+        if name.is_relative_to(stage):
+            name = out / name.relative_to(stage)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(name)) from exc
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_in(stage: Path, out: Path) -> None:
+    """Each file under `stage` to its place under `out`, the file there kept in `stage` until every one
+    is in; a move that fails puts back what the moves before it changed, and is raised naming its place."""
+    kept = Path(tempfile.mkdtemp(prefix="replaced-", dir=stage))
+    moved: list[tuple[Path, Path | None]] = []   # a file moved in, and where the one it replaced is kept
+    made: list[Path] = []                        # directories made under `out`
+    target = out
+    try:
+        for new in sorted(p for p in stage.rglob("*") if p.is_file() and not p.is_relative_to(kept)):
+            rel = new.relative_to(stage)
+            target = out / rel
+            made += [d for d in reversed(target.parents) if d.is_relative_to(out) and not d.exists()]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            old = None
+            if target.exists():
+                old = kept / rel
+                old.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(target, old)
+            moved.append((target, old))
+            os.replace(new, target)
+    except OSError as exc:
+        for placed, old in reversed(moved):
+            if old is None:
+                placed.unlink(missing_ok=True)
+            else:
+                os.replace(old, placed)
+        for d in reversed(made):
+            d.rmdir()
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
+
+
+def report(runs: list[Run], out: Path) -> tuple[Tables, list[Path]]:
+    """The tables and figures of `runs` in `out`: the tables, and the figure files written. All or
+    nothing (`staged`): a report that cannot be written leaves `out` as it was."""
+    with staged(out) as stage:
+        tables = write_tables(runs, stage)
+        figures = Figures(tables.runs, stage / "figures").all()
+    return tables, [out / p.relative_to(stage) for p in figures]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -926,8 +1012,8 @@ def _main(parser, args) -> None:
         parser.error(f"no runs (summary.json, error.json or .hydra) under {', '.join(map(str, args.dirs))}")
     try:
         tables, figures = report(runs, out)
-    except OSError as exc:   # a full disk: the files written so far stay; the message says where
-        parser.error(f"cannot write the report in {out}: {exc.strerror or exc}")
+    except OSError as exc:   # a full disk: nothing written (report); the message names the file
+        parser.error(f"cannot write {exc.filename}: {exc.strerror}; {out} is as it was")
     failed = [r for r in runs if not r.complete]
     print(console_text(tables) + "\n")
     print(f"{len(runs) - len(failed)} complete runs, {len(failed)} failed, partial or broken; wrote {out}/speedup.csv, "

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
 from harness.api import Backend, ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.policy import Policy
-from harness.trajectory import TrajectoryScript, TurnRecord, validate_script
+from harness.trajectory import TrajectoryScript, TurnRecord, TurnTable, validate_script
 from workloads.base import Workload
 
 
@@ -66,13 +66,21 @@ class _Asked:
 
 @dataclass
 class RolloutResult:
-    records: list[TurnRecord]
-    scripts: list[TrajectoryScript]
+    turns: TurnTable                # every turn of every trajectory (harness.experiment.lifecycle_frame)
+    trajectories: int
     step_windows: list[tuple[float, float]]   # sync: each step's (start, end); async: one window
     rollout_time_s: float
     num_role_switches: int
     events: list[LifecycleEvent] = field(default_factory=list)
     plans: list[PlanRecord] = field(default_factory=list)
+
+
+def run_batches(workload: Workload, mode: ModeConfig) -> Iterator[list[TrajectoryScript]]:
+    """The trajectories a run of `mode` runs, a step's batch at a time (serve: its one batch): the
+    workload gives the same batch for a step every time it is asked, so what needs a run's scripts after
+    it (the lower bound, tests) reads them here rather than the driver keeping every one to the end."""
+    for step in range(mode.num_steps):
+        yield workload.batch(step)
 
 
 def check_route(route: Route, view: ClusterView, request: TurnRequest) -> None:
@@ -108,8 +116,11 @@ class RolloutDriver:
         self.workload, self.policy, self.backend, self.mode = workload, policy, backend, mode
         self.keep_events = keep_events
         self.events: list[LifecycleEvent] = []
-        self.records: dict[int, list[TurnRecord]] = {}   # trajectory -> its turns' records, in turn order
+        # Trajectories in flight: their scripts and turn records (in turn order); at its end a trajectory's
+        # records move to `turns` and its script is dropped, so memory stays flat over a long run.
+        self.records: dict[int, list[TurnRecord]] = {}
         self.scripts: dict[int, TrajectoryScript] = {}
+        self.turns = TurnTable()
         self.context: dict[int, int] = {}          # trajectory -> prompt tokens of its current turn
         self.batch_traj = workload.batch_size * workload.group_size
         self.total = mode.num_steps * self.batch_traj
@@ -149,9 +160,8 @@ class RolloutDriver:
         if self.mode.name != "sync":
             self.step_windows = [(0.0, self.finished_at)]
         rollout = sum(b - a for a, b in self.step_windows)
-        records = [r for tid in sorted(self.records) for r in self.records[tid]]
-        scripts = sorted(self.scripts.values(), key=lambda s: s.trajectory_id)
-        return RolloutResult(records, scripts, self.step_windows, rollout, self.role_switches, self.events, self.plans)
+        return RolloutResult(self.turns, self.started, self.step_windows, rollout, self.role_switches, self.events,
+                             self.plans)
 
     # --- trajectory lifecycle ------------------------------------------------------------------
     def _batch(self, step: int) -> list[TrajectoryScript]:
@@ -204,8 +214,9 @@ class RolloutDriver:
             self._route_and_submit(req)
 
     def _trajectory_end(self, tid: int) -> None:
-        script = self.scripts[tid]
-        del self.context[tid]   # its prompt size is needed no more: memory stays flat over a long run
+        script = self.scripts.pop(tid)
+        del self.context[tid]
+        self.turns.append(self.records.pop(tid))
         self._emit(LifecycleEvent(EventKind.TRAJECTORY_END, self.backend.now(), tid, len(script.turns) - 1))
         self.completed += 1
         if self.completed == self.total:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from operator import attrgetter
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ def validate_script(s: TrajectoryScript) -> None:
                              f"{t.tool_latency_s} must be finite and >= 0")
 
 
-@dataclass(slots=True)   # one per turn of the run, kept to its end: no per-record __dict__
+@dataclass(slots=True)   # one per turn of a trajectory in flight (TurnTable keeps the ended ones)
 class TurnRecord:
     """One row of lifecycle.parquet: one turn of one trajectory. Times in seconds; NaN = never."""
 
@@ -87,3 +90,47 @@ class TurnRecord:
 
 
 TURN_COLUMNS = [f.name for f in fields(TurnRecord)]
+
+
+# A TurnTable row: each field of TurnRecord as its type, the family as an index into the names seen.
+_KINDS = {"int": np.int64, "float": np.float64, "str": np.int32}
+TURN_ROW = np.dtype([(f.name, _KINDS[f.type]) for f in fields(TurnRecord)])
+_FAMILY = TURN_COLUMNS.index("family")
+_VALUES = attrgetter(*TURN_COLUMNS)
+
+
+class TurnTable:
+    """The turn records of the ended trajectories, as columns: a record object costs several times its
+    values, and a run keeps every turn to its end (lifecycle.parquet). A trajectory's records are
+    appended when it ends, into fixed-size chunks of TURN_ROW rows; `columns()` gives them in
+    trajectory-id order, turns in order, as lifecycle.parquet stores them."""
+
+    CHUNK = 1024   # rows per chunk
+
+    def __init__(self) -> None:
+        self._full: list[np.ndarray] = []
+        self._last = np.empty(self.CHUNK, TURN_ROW)
+        self._rows = 0                    # rows used in `_last`
+        self._families: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._full) * self.CHUNK + self._rows
+
+    def append(self, records: list[TurnRecord]) -> None:
+        """One trajectory's records, in turn order."""
+        for r in records:
+            if self._rows == self.CHUNK:
+                self._full.append(self._last)
+                self._last, self._rows = np.empty(self.CHUNK, TURN_ROW), 0
+            row = list(_VALUES(r))
+            row[_FAMILY] = self._families.setdefault(r.family, len(self._families))
+            self._last[self._rows] = tuple(row)
+            self._rows += 1
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Column name -> values (int64, float64; the family as str objects), sorted by trajectory id."""
+        rows = np.concatenate([*self._full, self._last[:self._rows]])
+        rows = rows[np.argsort(rows["trajectory_id"], kind="stable")]
+        names = np.array(list(self._families), dtype=object)
+        return {name: names[rows[name]] if name == "family" else rows[name] for name in TURN_COLUMNS}
+

@@ -5,13 +5,15 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from harness import native
 from harness.api import EventKind
 from harness.cluster import cluster_from_config
-from harness.experiment import lifecycle_frame, run_rollout
+from harness.experiment import lifecycle_frame, mode_from_config, run_rollout
 from harness.policy import Policy
+from harness.rollout import run_batches
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 
@@ -35,6 +37,17 @@ def simulate(overrides: list[str], policy=None, keep_events: bool = False):
     """Run one rollout in-process; returns (driver result, lifecycle frame, backend)."""
     result, backend = run_rollout(load_config(overrides), policy, keep_events)
     return result, lifecycle_frame(result), backend
+
+
+def batches_of(overrides: list[str]) -> list[list]:
+    """The trajectory scripts a run of `overrides` replays, one RL step's batch at a time."""
+    cfg = load_config(overrides)
+    workload = instantiate(cfg.workload, seed=cfg.seed)
+    return list(run_batches(workload, mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))))
+
+
+def scripts_of(overrides: list[str]) -> list:
+    return [s for batch in batches_of(overrides) for s in batch]
 
 
 SMALL = ["workload=synthetic", "workload.batch_size=6", "workload.group_size=4", "mode.num_steps=2"]

@@ -47,9 +47,10 @@ def test_engine_killed_mid_rollout(pool):
                 backend.call_later(0.1, maybe_kill)
         backend.call_later(0.1, maybe_kill)
 
-    result, df, backend = rollout(pool, ["policy=colocate", "workload.batch_size=4"], before_run=arm)
+    overrides = ["policy=colocate", "workload.batch_size=4"]
+    result, df, backend = rollout(pool, overrides, before_run=arm)
     assert killed, "engine 1 never had a leg in flight"
-    check_complete_once(result, df)
+    check_complete_once(result, df, overrides)
     check_legs_on_routes(df, backend)
     failed = [e for e in result.events if e.kind == EventKind.ENGINE_FAILED]
     assert [e.engine_id for e in failed] == [1]
@@ -82,16 +83,17 @@ def test_twenty_random_kills(pool):
                                       done=lambda: driver.completed >= driver.total)
         injector["i"].arm()
 
-    result, df, backend = rollout(pool, ["policy=fixed_pd", "policy.num_prefill=1", "mode.num_steps=40",
-                                         "workload.batch_size=12", "backend.max_retries=20"], before_run=arm)
+    overrides = ["policy=fixed_pd", "policy.num_prefill=1", "mode.num_steps=40", "workload.batch_size=12",
+                 "backend.max_retries=20"]
+    result, df, backend = rollout(pool, overrides, before_run=arm)
     faults = injector["i"].read_back(result.events)
     summary = recovery_summary(faults)
     for k, f in enumerate(faults):
         log.info("kill %2d: engine %d at %7.1f s, %d legs in flight, recovered after %s s", k + 1, f.engine_id,
                  f.t, f.legs_in_flight, None if f.recovery_s is None else round(f.recovery_s, 1))
-    log.info("kills: %s; rollout %.1f s, %d trajectories", summary, result.rollout_time_s, len(result.scripts))
+    log.info("kills: %s; rollout %.1f s, %d trajectories", summary, result.rollout_time_s, result.trajectories)
     assert len(faults) == KILLS, f"the rollout ended after {len(faults)} kills"
-    check_complete_once(result, df)
+    check_complete_once(result, df, overrides)
     check_legs_on_routes(df, backend)
     check_returned_and_retried(backend)
     assert summary["detected"] == KILLS and summary["recovered"] == KILLS
@@ -119,11 +121,11 @@ def test_hung_server_is_replaced(pool):
                                       done=lambda: driver.completed >= driver.total)
         injector["i"].arm()
 
-    result, df, backend = rollout(pool, ["policy=colocate", "mode.num_steps=2", "workload.batch_size=4"],
-                                  before_run=arm)
+    overrides = ["policy=colocate", "mode.num_steps=2", "workload.batch_size=4"]
+    result, df, backend = rollout(pool, overrides, before_run=arm)
     faults = injector["i"].read_back(result.events)
     assert len(faults) == 1 and faults[0].engine_id == 1
-    check_complete_once(result, df)
+    check_complete_once(result, df, overrides)
     check_legs_on_routes(df, backend)
     check_returned_and_retried(backend)
     failed = [e for e in result.events if e.kind == EventKind.ENGINE_FAILED]
@@ -171,11 +173,11 @@ def test_missing_kv_is_recomputed(pool):
                 done.set()
         backend._prefill_leg = prefill_then_remove
 
-    result, df, backend = rollout(pool, ["policy=fixed_pd", "policy.num_prefill=1", "workload.group_size=1",
-                                         "workload.batch_size=6"], before_run=arm)
+    overrides = ["policy=fixed_pd", "policy.num_prefill=1", "workload.group_size=1", "workload.batch_size=6"]
+    result, df, backend = rollout(pool, overrides, before_run=arm)
     assert removed and removed[0][1] == 0
     assert not [e for e in result.events if e.kind == EventKind.ENGINE_FAILED], "an engine failed"
-    check_complete_once(result, df)
+    check_complete_once(result, df, overrides)
     ok = check_legs_on_routes(df, backend)
     dec = ok[ok.kind == "decode"].set_index(["trajectory_id", "turn"])
     assert dec.loc[removed[0], "cached_tokens"] < BLOCK          # computed, not loaded

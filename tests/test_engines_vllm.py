@@ -22,8 +22,9 @@ from tests.vllm_pool import (BASE, check_complete_once, check_kv_loaded, check_l
 
 
 def test_colocate(pool):
-    result, df, backend = rollout(pool, ["policy=colocate"])
-    check_complete_once(result, df)
+    overrides = ["policy=colocate"]
+    result, df, backend = rollout(pool, overrides)
+    check_complete_once(result, df, overrides)
     ok = check_legs_on_routes(df, backend)
     assert set(ok.kind) == {"colocated"}
     assert (df.engine_prefill == df.engine_decode).all()
@@ -33,8 +34,9 @@ def test_colocate(pool):
 
 
 def test_fixed_pd(pool):
-    result, df, backend = rollout(pool, ["policy=fixed_pd", "policy.num_prefill=1"])
-    check_complete_once(result, df)
+    overrides = ["policy=fixed_pd", "policy.num_prefill=1"]
+    result, df, backend = rollout(pool, overrides)
+    check_complete_once(result, df, overrides)
     ok = check_legs_on_routes(df, backend)
     assert (df.engine_prefill == 0).all() and (df.engine_decode == 1).all()
     check_kv_loaded(ok, backend)
@@ -47,9 +49,9 @@ def policy_decisions(result, backend):
 
 
 def test_prorsa(pool):
-    result, df, backend = rollout(pool, ["policy=prorsa", "policy.control_interval_s=0.5",
-                                         "policy.min_dwell_s=2", "policy.hysteresis=0.0"])
-    check_complete_once(result, df)
+    overrides = ["policy=prorsa", "policy.control_interval_s=0.5", "policy.min_dwell_s=2", "policy.hysteresis=0.0"]
+    result, df, backend = rollout(pool, overrides)
+    check_complete_once(result, df, overrides)
     ok = check_legs_on_routes(df, backend)
     if (ok.kind == "decode").any():
         check_kv_loaded(ok, backend)
@@ -59,10 +61,11 @@ def test_prorsa(pool):
 def test_role_switch_mid_run(pool):
     # after the first turn ends, so the switch lands mid-rollout however fast the servers run (at a fixed
     # 3 s, a quiet machine had every turn of the rollout ready before the switch)
-    result, df, backend = rollout(pool, ["policy=fixed_pd"], policy=SwitchAt(
+    overrides = ["policy=fixed_pd"]
+    result, df, backend = rollout(pool, overrides, policy=SwitchAt(
         [Role.PREFILL, Role.DECODE], {0: Role.DECODE, 1: Role.PREFILL}, at_s=0.0, control_interval_s=0.5,
         after_turns=1))
-    check_complete_once(result, df)
+    check_complete_once(result, df, overrides)
     ok = check_legs_on_routes(df, backend)
     ends = [e for e in result.events if e.kind == EventKind.ROLE_SWITCH_END]
     assert sorted(e.engine_id for e in ends) == [0, 1] and result.num_role_switches == 2
@@ -93,8 +96,9 @@ def test_a_slow_plan_does_not_stop_the_rollout(pool):
 
     def run(sleep):
         policy = SwitchAt([Role.COLOCATED] * 2, {}, at_s=0.0, control_interval_s=0.5, after_turns=1, sleep_s=sleep)
-        result, df, _ = rollout(pool, ["policy=colocate"], policy=policy)
-        check_complete_once(result, df)
+        overrides = ["policy=colocate"]
+        result, df, _ = rollout(pool, overrides, policy=policy)
+        check_complete_once(result, df, overrides)
         return result, df
     quick, _ = run(0.0)
     slow, df = run(sleep_s)

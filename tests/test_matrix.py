@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -91,5 +90,4 @@ def test_runs_and_keeps_the_invariants(workload, policy, mode, trace, tmp_path):
     scripts = [s for step in range(cfg.mode.num_steps) for s in replayed.batch(step)]
     assert summary["completed_trajectories"] == summary["num_trajectories"] == len(scripts)
     df = pd.read_parquet(tmp_path / "lifecycle.parquet")
-    check_invariants(SimpleNamespace(scripts=scripts, records=list(df.itertuples()),
-                                     rollout_time_s=summary["rollout_time_s"]), df)
+    check_invariants(scripts, df, summary["rollout_time_s"])

@@ -1,5 +1,6 @@
 """The report from hand-made result files: known speedups, failed runs named and left out, figures written
 (fixed policy colours and order, PNG and PDF at a printable width)."""
+import errno
 import json
 import os
 import re
@@ -550,6 +551,23 @@ def truncate(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[:int(len(data) * keep)])
 
 
+def damage_row_group(path: Path, group: int, column: str, how: str) -> None:
+    """Rewrites the file in row groups of one row, then damages row group `group` (from 0) where `column`'s
+    chunk starts: its page header overwritten ("garbage") or 32 bytes cut out there, shifting the rest
+    ("cut"). The footer stays readable either way."""
+    import pyarrow.parquet as pq
+    pd.read_parquet(path).to_parquet(path, row_group_size=1)
+    meta = pq.ParquetFile(path).metadata
+    chunk = meta.row_group(group).column(meta.schema.names.index(column))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    if how == "garbage":
+        data[start:start + 16] = b"\xff" * 16
+    else:
+        del data[start:start + 32]
+    path.write_bytes(bytes(data))
+
+
 def set_summary(d: Path, **keys) -> None:
     (d / "summary.json").write_text(json.dumps({**json.loads((d / "summary.json").read_text()), **keys}))
 
@@ -581,6 +599,12 @@ BROKEN = [
     ("lifecycle_no_column", lambda d: pd.DataFrame({"trajectory_id": [0]}).to_parquet(d / "lifecycle.parquet"),
      "lifecycle.parquet: no column step, t_ready, t_prefill_start, t_prefill_end, t_transfer_end, t_decode_start, "
      "t_decode_end, t_tool_end"),
+    ("lifecycle_row_group_garbage", lambda d: damage_row_group(d / "lifecycle.parquet", 2, "turn", "garbage"),
+     "lifecycle.parquet: row group 3 of 3 cannot be read (Couldn't deserialize thrift"),
+    ("lifecycle_row_group_cut", lambda d: damage_row_group(d / "lifecycle.parquet", 1, "trajectory_id", "cut"),
+     "lifecycle.parquet: row group 2 of 3 cannot be read ("),
+    ("timeseries_row_group_garbage", lambda d: damage_row_group(d / "timeseries.parquet", 0, "t_s", "garbage"),
+     "timeseries.parquet: row group 1 of 3 cannot be read (Couldn't deserialize thrift"),
     ("timeseries_truncated", lambda d: truncate(d / "timeseries.parquet", 0.9), "timeseries.parquet: not a readable parquet"),
     ("forecast_truncated", lambda d: truncate(d / "forecast.parquet"), "forecast.parquet: not a readable parquet file"),
 ]
@@ -658,3 +682,64 @@ def test_a_link_loop_is_walked_once_and_a_run_linked_twice_counts_once(sweep, tm
     (sweep / "again").symlink_to(sweep / "colocate_s0", target_is_directory=True)
     found = find_runs([sweep, sweep / "pd2_s0"])
     assert len(found) == len({r.path.resolve() for r in found}) == 11, [str(r.path) for r in found]
+
+
+# --- a report that cannot be written ------------------------------------------------------------------
+def full_disk(monkeypatch, when) -> None:
+    """Writes of the report's files whose path `when` picks fail as on a full disk; the others go on."""
+    import matplotlib.figure
+    write_text, savefig = Path.write_text, matplotlib.figure.Figure.savefig
+
+    def check(path) -> None:
+        if when(Path(path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(Path, "write_text", lambda path, *a, **k: check(path) or write_text(path, *a, **k))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, path, *a, **k: check(path) or savefig(fig, path, *a, **k))
+
+
+def failed_move(monkeypatch, when) -> None:
+    """Moving a staged file into the report directory fails where `when` picks its destination."""
+    replace = os.replace
+
+    def moving(src, dst):
+        if ".report-" in str(src) and "replaced-" not in str(src) and when(Path(dst)):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(src), None, str(dst))
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", moving)
+
+
+def tree(d: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(d)): None if p.is_dir() else p.read_bytes() for p in d.rglob("*")} if d.exists() else {}
+
+
+@pytest.mark.parametrize("out_exists,inject,failed,reason", [
+    (True, lambda mp: full_disk(mp, lambda p: p.name == "speedup.md"), "speedup.md",
+     "No space left on device"),
+    (True, lambda mp: full_disk(mp, lambda p: p.name == "speedup_bars.pdf"), "figures/speedup_bars.pdf",
+     "No space left on device"),
+    (False, lambda mp: full_disk(mp, lambda p: p.name == "speedup_bars.pdf"), "figures/speedup_bars.pdf",
+     "No space left on device"),
+    (True, lambda mp: failed_move(mp, lambda p: p.name == "speedup.tex"), "speedup.tex", "Input/output error"),
+], ids=["table_into_an_old_report", "figure_into_an_old_report", "figure_into_a_new_out", "a_move_into_place"])
+def test_a_report_that_cannot_be_written_leaves_out_as_it_was(sweep, tmp_path, capsys, monkeypatch, out_exists,
+                                                               inject, failed, reason):
+    """A write that fails midway (the tables or figures before it written) or a move into place that fails:
+    OUT holds what it held before, file for file (an earlier report and a user's own file; nothing if it
+    did not exist), and the error is one line naming the file."""
+    out = tmp_path / "out"
+    if out_exists:
+        main([str(sweep), "--out", str(out)])
+        assert (out / "speedup.md").is_file() and not list(out.glob(".report-*"))   # nothing staged left
+        (out / "mine.txt").write_text("mine")
+    before = tree(out)
+    make_run(sweep, "pd6_s0", "fixed_pd", 20.0, num_prefill=6)   # the new report would differ
+    capsys.readouterr()
+    inject(monkeypatch)
+    with pytest.raises(SystemExit) as stop:
+        main([str(sweep), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == \
+        [f"python -m harness.report: error: cannot write {out / failed}: {reason}; {out} is as it was"], err
+    assert tree(out) == before and out.exists() == out_exists

@@ -4,7 +4,7 @@ import pytest
 
 from harness.api import EventKind, Role
 from harness.policy import Policy
-from tests.conftest import SwitchAt, simulate
+from tests.conftest import SwitchAt, scripts_of, simulate
 
 ONE_TURN = ["workload.batch_size=1", "workload.group_size=1", "mode.num_steps=1", "workload.turns.0.median=1",
             "workload.turns.0.sigma=0", "workload.group_corr=0", "workload.prompt.median=1000",
@@ -123,7 +123,7 @@ def test_role_switch_drains_waits_and_loses_nothing(small):
     from tests.test_sim_invariants import check_invariants
     result, df, backend = simulate(small + ["cluster.num_engines=3"], policy=SwitchAt(
         [Role.COLOCATED] * 3, {0: Role.PREFILL, 1: Role.DECODE}, at_s=3.0, control_interval_s=1.0))
-    check_invariants(result, df)
+    check_invariants(scripts_of(small), df, result.rollout_time_s)
     assert result.num_role_switches == 2
     tl = pd.DataFrame(backend.engine_timeline())
     e0 = tl[tl.engine_id == 0].reset_index(drop=True)
@@ -233,7 +233,7 @@ def test_sync_step_boundary_plan_sets_the_roles_the_next_step_starts_in(small):
     from tests.test_sim_invariants import check_invariants
     policy = SplitBetweenSteps()
     result, df, backend = simulate(small + ["cluster.num_engines=2"], policy=policy)
-    check_invariants(result, df)
+    check_invariants(scripts_of(small), df, result.rollout_time_s)
     (first_end, second_end) = (b for _, b in result.step_windows)
     # asked before each step's batch, with nothing running or queued anywhere
     assert policy.calls == [(0.0, [0, 0]), (pytest.approx(first_end), [0, 0])]
@@ -255,7 +255,7 @@ def test_sync_step_starts_after_its_router_update_and_spreads_over_the_new_prefi
     policy = SplitBetweenSteps([Role.PREFILL, Role.DECODE, Role.DECODE], {1: Role.PREFILL})
     result, df, _ = simulate(small + ["cluster.num_engines=3", "cluster.switch_mechanism=kv_both",
                                       "cluster.router_update_s=0.0"], policy=policy)
-    check_invariants(result, df)
+    check_invariants(scripts_of(small), df, result.rollout_time_s)
     first_end = result.step_windows[0][1]
     one, two = df[df.step == 0], df[df.step == 1]
     assert set(one.engine_prefill) == {0}
@@ -276,7 +276,7 @@ def test_decode_migration_moves_every_decode_off_the_switched_engine_and_loses_n
     result, df, _ = simulate(overrides, policy=SwitchAt([Role.PREFILL, Role.DECODE, Role.DECODE],
                                                         {1: Role.PREFILL}, at_s=3.0, control_interval_s=1.0),
                              keep_events=True)
-    check_invariants(result, df)
+    check_invariants(scripts_of(overrides), df, result.rollout_time_s)
     moved = [e for e in result.events if e.kind == EventKind.DECODE_MIGRATED]
     assert moved and all(e.engine_id == 2 and e.t >= 3.0 for e in moved)
     assert any(e.tokens > 0 and e.extra_tokens > 0 for e in moved)   # decodes under way, with their KV

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import simulate
+from tests.conftest import batches_of, scripts_of, simulate
 
 POLICIES = [["policy=colocate"], ["policy=fixed_pd", "policy.num_prefill=3"]]
 # A cluster squeezed for memory so that preemption and recomputation happen.
@@ -13,10 +13,11 @@ TIGHT = ["cluster.num_engines=3", "cluster.memory_fraction=0.25", "workload.cont
          "workload.output.median=600"]
 
 
-def check_invariants(result, df):
-    scripts = {s.trajectory_id: s for s in result.scripts}
+def check_invariants(scripts: list, df, rollout_time_s: float):
+    """`scripts`: those the run replayed (tests.conftest.scripts_of); `df`: its lifecycle."""
+    scripts = {s.trajectory_id: s for s in scripts}
     # No trajectory lost, each turn exactly once.
-    assert len(scripts) == len({r.trajectory_id for r in result.records})
+    assert set(scripts) == set(df["trajectory_id"])
     assert len(df) == sum(len(s.turns) for s in scripts.values())
     assert not df.duplicated(["trajectory_id", "turn"]).any()
     for row in df.itertuples():
@@ -37,13 +38,13 @@ def check_invariants(result, df):
     has_next = nxt.notna()
     assert np.allclose(df.loc[has_next, "t_tool_end"], nxt[has_next])
     # The rollout ends with the last turn.
-    assert result.rollout_time_s == pytest.approx(df["t_decode_end"].max())
+    assert rollout_time_s == pytest.approx(df["t_decode_end"].max())
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_invariants(small, policy):
     result, df, _ = simulate(small + policy)
-    check_invariants(result, df)
+    check_invariants(scripts_of(small + policy), df, result.rollout_time_s)
     pd_rows = df[df.engine_prefill != df.engine_decode]
     if "policy=fixed_pd" in policy:
         assert len(pd_rows) == len(df)
@@ -59,7 +60,7 @@ def test_invariants(small, policy):
 def test_invariants_under_preemption(small, policy):
     result, df, _ = simulate(small + policy + TIGHT)
     assert df.preemptions.sum() > 0, "the tight cluster is meant to force preemptions"
-    check_invariants(result, df)
+    check_invariants(scripts_of(small + policy + TIGHT), df, result.rollout_time_s)
 
 
 def parquet_bytes(df: pd.DataFrame) -> bytes:
@@ -130,7 +131,7 @@ def test_no_run_beats_the_lower_bound(small, extra):
     overrides = small + extra
     result, _, _ = simulate(overrides)
     in_flight = 8 if "mode=async" in extra else 0
-    bound = lower_bound_s(cluster_of(overrides), result.scripts, "async" if in_flight else "sync", in_flight)
+    bound = lower_bound_s(cluster_of(overrides), batches_of(overrides), "async" if in_flight else "sync", in_flight)
     assert 0 < bound <= result.rollout_time_s * (1 + 1e-9)
 
 
@@ -153,8 +154,54 @@ def test_async_bound_counts_the_in_flight_slots(small):
     overrides = small + ["policy=colocate", "mode=async", "mode.max_in_flight=1"]
     result, _, _ = simulate(overrides)
     cluster = cluster_of(overrides)
-    paths = [LowerBound(cluster).critical_path(s) for s in result.scripts]
-    bound = lower_bound_s(cluster, result.scripts, "async", 1)
+    batches = batches_of(overrides)
+    paths = [LowerBound(cluster).critical_path(s) for batch in batches for s in batch]
+    bound = lower_bound_s(cluster, batches, "async", 1)
     assert bound >= sum(paths) * (1 - 1e-12) and bound <= result.rollout_time_s * (1 + 1e-9)
-    assert lower_bound_s(cluster, result.scripts, "async", len(result.scripts)) == \
-        lower_bound_s(cluster, result.scripts, "async")
+    assert lower_bound_s(cluster, batches, "async", len(paths)) == lower_bound_s(cluster, batches, "async")
+
+
+def test_turn_table_gives_the_records_in_trajectory_order_across_chunks(monkeypatch):
+    """Trajectories end out of id order and fill several chunks: the table's columns are the records
+    sorted by trajectory, turns in order, and write the same lifecycle bytes as the records would."""
+    from operator import attrgetter
+
+    from harness.trajectory import TURN_COLUMNS, TurnRecord, TurnTable
+    monkeypatch.setattr(TurnTable, "CHUNK", 4)
+    ended = {tid: [TurnRecord(tid, tid // 2, 1, f"family{tid % 2}", k, engine_prefill=k, t_ready=tid + k / 3,
+                              t_decode_end=tid + k / 7, prompt_tokens=2**40 + k) for k in range(tid % 3 + 1)]
+             for tid in (4, 0, 3, 1, 2)}
+    table = TurnTable()
+    for records in ended.values():
+        table.append(records)
+    assert len(table) == 9
+    expected = pd.DataFrame([attrgetter(*TURN_COLUMNS)(r) for tid in sorted(ended) for r in ended[tid]],
+                            columns=TURN_COLUMNS)
+    got = pd.DataFrame(table.columns(), columns=TURN_COLUMNS)
+    pd.testing.assert_frame_equal(got, expected)
+    assert got.to_parquet(index=False) == expected.to_parquet(index=False)
+    assert len(TurnTable().columns()["trajectory_id"]) == 0
+
+
+def test_the_driver_drops_each_ended_trajectory_but_its_turns(small):
+    """Memory stays flat over a long run: an ended trajectory's script and records leave the driver,
+    its turns stay in the table (every scripted turn, once)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from harness.experiment import build_backend, mode_from_config, run_info
+    from harness.rollout import RolloutDriver
+    from tests.conftest import cluster_of, load_config
+    overrides = small + ["policy=colocate", "mode=async", "mode.max_in_flight=8"]
+    cfg = load_config(overrides)
+    cluster, mode = cluster_of(overrides), mode_from_config(OmegaConf.to_container(cfg.mode, resolve=True))
+    workload, policy = instantiate(cfg.workload, seed=cfg.seed), instantiate(cfg.policy)
+    backend = build_backend(cfg, cluster, policy.initial_roles(cluster, run_info(mode, workload)))
+    driver = RolloutDriver(workload, policy, backend, mode)
+    in_flight = []
+    backend.call_later(2.0, lambda: in_flight.append((len(driver.records), len(driver.scripts),
+                                                      driver.started - driver.completed)))
+    result = driver.run()
+    assert in_flight and 0 < in_flight[0][0] == in_flight[0][1] == in_flight[0][2] <= 8
+    assert driver.records == {} and driver.scripts == {} and driver.context == {}
+    assert len(result.turns) == sum(len(s.turns) for s in scripts_of(overrides)) and result.trajectories == 48

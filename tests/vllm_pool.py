@@ -15,7 +15,7 @@ from harness.experiment import lifecycle_frame, run_info
 from harness.rollout import ModeConfig, RolloutDriver
 from harness.engines.vllm import VllmBackend, backend_kwargs, vllm_server_specs
 from harness.engines.server import EnginePool
-from tests.conftest import load_config
+from tests.conftest import load_config, scripts_of
 
 BASE = ["+experiment=vllm_cpu_search"]
 BLOCK = 128   # the CPU build's KV block size: ExampleConnector stores whole blocks of a prompt
@@ -55,16 +55,18 @@ def rollout(pool, overrides, policy=None, before_run=None):
     return result, lifecycle_frame(result), backend
 
 
-def check_complete_once(result, df):
-    """Every scripted turn ran, every trajectory and every turn ended exactly once."""
-    scripts = {s.trajectory_id: len(s.turns) for s in result.scripts}
+def check_complete_once(result, df, overrides):
+    """Every scripted turn ran (the scripts of `rollout(pool, overrides)`), every trajectory and every
+    turn ended exactly once."""
+    replayed = scripts_of([*BASE, *overrides])
+    scripts = {s.trajectory_id: len(s.turns) for s in replayed}
     assert df.groupby("trajectory_id").size().to_dict() == scripts
     assert df["t_decode_end"].notna().all()
     ends = Counter(e.trajectory_id for e in result.events if e.kind == EventKind.TRAJECTORY_END)
     assert ends == Counter({t: 1 for t in scripts})
     decode_ends = Counter((e.trajectory_id, e.turn) for e in result.events if e.kind == EventKind.DECODE_END)
     assert set(decode_ends.values()) == {1} and len(decode_ends) == sum(scripts.values())
-    script_out = {(s.trajectory_id, k): t.output_tokens for s in result.scripts for k, t in enumerate(s.turns)}
+    script_out = {(s.trajectory_id, k): t.output_tokens for s in replayed for k, t in enumerate(s.turns)}
     assert {(r.trajectory_id, r.turn): r.output_tokens for r in df.itertuples()} == script_out
 
 

@@ -11,28 +11,18 @@ OUT defaults to results/capture. Each block is one Hydra multirun, resumable (co
 """
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-log = logging.getLogger("capture")
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from study import main, summaries, sweep  # noqa: E402
+
 SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_sync", "capture_alternate_sync")
 SPLITS = "1,2,3,4,5,6,7"
 ORACLE = ["policy=oracle_pd", "policy.decision_interval_s=50"]   # fork and compare every 50 simulated s
 MIN_ORACLE_GAIN = 0.03   # settings where the oracle beats hindsight_best by at least this share count
-
-
-def sweep(out: Path, overrides: list[str]) -> None:
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", *overrides]
-    log.info("%s", " ".join(cmd[1:]))
-    subprocess.run(cmd, cwd=ROOT, check=False)
 
 
 def run(out: Path, settings: list[str], seeds: str) -> None:
@@ -42,28 +32,6 @@ def run(out: Path, settings: list[str], seeds: str) -> None:
         sweep(where / "statics", [exp, f"seed={seeds}", "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
         sweep(where / "prorsa", [exp, f"seed={seeds}", "policy=prorsa"])
         sweep(where / "oracle", [exp, f"seed={seeds}", *ORACLE])
-
-
-def split_label(job_dir: str) -> str:
-    """'colocate', or 'kP' for a fixed split of k prefill engines, from a job's override directory name."""
-    match = re.search(r"num_prefill=(\d+)", job_dir)
-    return f"{match.group(1)}P" if match else "colocate"
-
-
-def mean_wape(per_bin: list[float] | None) -> float:
-    """A run's forecast WAPE over the forecast's bins (summary.json has one per bin ahead; nan: none)."""
-    return sum(per_bin) / len(per_bin) if per_bin else float("nan")
-
-
-def summaries(where: Path) -> pd.DataFrame:
-    rows = []
-    for f in sorted(where.glob("*/summary.json")):
-        s = json.loads(f.read_text())
-        rows.append({"seed": s["seed"], "rollout_time_s": s["rollout_time_s"], "switches": s["num_role_switches"],
-                     "wall_time_s": s["wall_time_s"], "split": split_label(f.parent.name),
-                     "wape_prefill": mean_wape(s.get("forecast_wape_prefill")),
-                     "wape_decode": mean_wape(s.get("forecast_wape_decode"))})
-    return pd.DataFrame(rows)
 
 
 def table(out: Path) -> pd.DataFrame:
@@ -101,21 +69,5 @@ def table(out: Path) -> pd.DataFrame:
     return df
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    p = argparse.ArgumentParser(prog="python scripts/capture.py", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("run", "table"))
-    p.add_argument("out", nargs="?", default="results/capture", type=Path)
-    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
-    p.add_argument("--seeds", default="0,1,2")
-    a = p.parse_args()
-    unknown = [s for s in a.settings.split(",") if s not in SETTINGS]
-    if unknown:
-        p.error(f"--settings: {', '.join(unknown)} not one of {', '.join(SETTINGS)}")
-    if a.command == "run":
-        run(a.out, a.settings.split(","), a.seeds)
-    table(a.out)
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, "python scripts/capture.py", "results/capture", list(SETTINGS), list(SETTINGS), run, table)

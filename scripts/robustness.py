@@ -12,18 +12,14 @@ OUT defaults to results/robustness. Each block is one Hydra multirun, resumable 
 """
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-log = logging.getLogger("robustness")
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from study import main, summaries, sweep  # noqa: E402
+
 
 # The world as the H200 forward passes of Qwen3-30B-A3B measured it (results/calibration/h200_profile.json,
 # docs/calibration.md, "roofline / measured": prefill of 1k/4k/16k tokens 0.606/0.537/0.779, decode
@@ -50,12 +46,6 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
-def sweep(out: Path, overrides: list[str]) -> None:
-    cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", *overrides]
-    log.info("%s", " ".join(cmd[1:]))
-    subprocess.run(cmd, cwd=ROOT, check=False)
-
-
 def run(out: Path, settings: list[str], seeds: str) -> None:
     for setting in settings:
         worlds = {tuple(world) for world, _ in CONDITIONS.values()}
@@ -65,22 +55,6 @@ def run(out: Path, settings: list[str], seeds: str) -> None:
             sweep(where, [*SETTINGS[setting], *world, f"seed={seeds}", "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
         for name, (world, model) in CONDITIONS.items():
             sweep(out / setting / slug(name), [*SETTINGS[setting], *world, *model, f"seed={seeds}", "policy=prorsa"])
-
-
-def split_label(job_dir: str) -> str:
-    """'colocate', or 'kP' for a fixed split of k prefill engines, from a job's override directory name."""
-    match = re.search(r"num_prefill=(\d+)", job_dir)
-    return f"{match.group(1)}P" if match else "colocate" if "policy=colocate" in job_dir else job_dir
-
-
-def summaries(where: Path) -> pd.DataFrame:
-    rows = []
-    for f in sorted(where.glob("*/summary.json")):
-        s = json.loads(f.read_text())
-        rows.append({"seed": s["seed"], "policy": s["policy"], "rollout_time_s": s["rollout_time_s"],
-                     "switches": s["num_role_switches"], "wall_time_s": s["wall_time_s"],
-                     "split": split_label(f.parent.name)})
-    return pd.DataFrame(rows)
 
 
 def table(out: Path) -> pd.DataFrame:
@@ -117,22 +91,6 @@ def table(out: Path) -> pd.DataFrame:
     return df
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    p = argparse.ArgumentParser(prog="python scripts/robustness.py", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("run", "table"))
-    p.add_argument("out", nargs="?", default="results/robustness", type=Path)
-    p.add_argument("--settings", default="heavy_prefill,tooluse_async",
-                   help=f"comma-separated, of {', '.join(SETTINGS)}")
-    p.add_argument("--seeds", default="0,1,2")
-    a = p.parse_args()
-    unknown = [s for s in a.settings.split(",") if s not in SETTINGS]
-    if unknown:
-        p.error(f"--settings: {', '.join(unknown)} not one of {', '.join(SETTINGS)}")
-    if a.command == "run":
-        run(a.out, a.settings.split(","), a.seeds)
-    table(a.out)
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, "python scripts/robustness.py", "results/robustness", list(SETTINGS),
+         ["heavy_prefill", "tooluse_async"], run, table)

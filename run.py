@@ -35,7 +35,7 @@ CONFIGS = str(Path(__file__).resolve().parent / "configs")   # absolute: the sam
 
 
 def main() -> None:
-    """`python run.py` and prorsa-run: the command line's group options and top-level keys are checked
+    """`python run.py` and prorsa-run: the command line's group options and keys are checked
     first (a misspelt one is named with the closest allowed, nothing is written), then Hydra runs."""
     try:
         cli.check_overrides([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])

@@ -7,15 +7,19 @@ run.py is the Hydra application itself; `run_help` lists the groups a user picks
 from __future__ import annotations
 
 import argparse
+import difflib
+import itertools
 import logging
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException, InstantiationException, OverrideParseException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.schema import did_you_mean
@@ -99,11 +103,12 @@ def run_help(choices) -> str:
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Raises ValueError, one line with the closest allowed name, for an override naming a group option or
-    a top-level key that does not exist (`workload=swee`, `polcy=prorsa`), or an experiment without its
-    '+'. Checked before Hydra composes: Hydra's own message is a dozen lines and guesses nothing. Keys
-    inside a group (`policy.num_prefil`) are the schemas' to check (harness/schema.py); `hydra...`,
-    added (`+key`) and removed (`~key`) keys are left to Hydra."""
+    """Raises ValueError, one line with the closest allowed name, for an override naming a group option, a
+    top-level key or a key inside a group that does not exist (`workload=swee`, `polcy=prorsa`,
+    `cluster.num_engine=8`), or an experiment without its '+'. Checked before Hydra composes: Hydra's own
+    message is several lines and guesses nothing. The values are the schemas' to check (harness/schema.py),
+    in the run; `hydra...`, added (`+key`, `++key`) and removed (`~key`) keys are left to Hydra (an added
+    key's name is checked by its group's schema)."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException:
@@ -129,3 +134,89 @@ def check_overrides(overrides: list[str]) -> None:
             head = key.split(".")[0]
             raise ValueError(f"{o.input_line} is invalid: no group or key {head!r};"
                              f"{did_you_mean(head, [*groups, *top])} allowed: one of {', '.join([*groups, *top])}")
+    _check_keys(parsed, groups)
+
+
+def _check_keys(parsed: list[Override], groups: list[str]) -> None:
+    """The keys a command line sets inside a group (`cluster.num_engine=8`, `cluster.parallelism.prefil.tp=2`)
+    against the config they would change: composed with Hydra's compose API from the command line's group
+    choices (an experiment's among them) and added or removed keys, as Hydra will compose it. In a sweep,
+    every combination of the swept groups' options is composed: Hydra refuses the whole sweep when a key is
+    missing from one job's config. A config Hydra cannot compose is left to Hydra's own message."""
+    checked = [o for o in parsed if "." in o.key_or_group and not o.key_or_group.startswith("hydra")
+               and not (o.is_add() or o.is_force_add() or o.is_delete())]
+    if not checked:
+        return   # no key inside a group: nothing to compose
+    slots = []   # per override that shapes the config, its alternatives (several: a swept group)
+    for o in parsed:
+        if o in checked or o.key_or_group.startswith("hydra"):
+            continue
+        if o.key_or_group in groups and o.is_sweep_override():
+            names = (o.value().filter(_options(o.key_or_group)) if o.value_type == o.value_type.GLOB_CHOICE_SWEEP
+                     else list(o.sweep_string_iterator()))
+            slots.append([f"{o.get_key_element()}={name}" for name in names])
+        elif not o.is_sweep_override():
+            slots.append([o.input_line])
+    configs = []
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+            for combo in itertools.product(*slots):
+                try:
+                    configs.append((combo, compose("config", overrides=list(combo), return_hydra_config=True)))
+                except (HydraException, OmegaConfBaseException, ValueError):
+                    pass   # Hydra says why when it composes
+    except ValueError:
+        return   # called inside another Hydra initialisation: left to Hydra
+    for combo, cfg in configs:
+        for o in checked:
+            missing = _missing_key(cfg, o.key_or_group)
+            if missing is None:
+                continue
+            parent, name, keys = missing
+            group = o.key_or_group.split(".")[0]
+            chosen = cfg.hydra.runtime.choices.get(group) if group in RUN_GROUPS else None
+            where = f"{parent} ({group}={chosen})" if chosen else parent or "the config"
+            swept = [c for c, slot in zip(combo, slots) if len(slot) > 1 and c != f"{group}={chosen}"]
+            hint = did_you_mean(name, keys, f"{parent}." if parent else "")
+            if not hint and chosen:
+                hint = _in_other_options(group, chosen, parent.split(".")[1:], name)
+            allowed = f"one of {', '.join(keys)}" if keys else "none"
+            if not hint:
+                allowed += f", or a key added with a '+': +{o.input_line}"
+            raise ValueError(f"{o.input_line} is invalid{' with ' + ', '.join(swept) if swept else ''}: "
+                             f"no key {name!r} in {where};{hint} allowed: {allowed}")
+
+
+def _missing_key(cfg: DictConfig, key: str) -> tuple[str, str, list[str]] | None:
+    """(the path above, the name, the keys there) for the first part of a dotted key missing from `cfg`,
+    where Hydra would refuse it (a mapping in struct mode); None when every part is there, or where a list,
+    a value, an interpolation or an open mapping leaves it to Hydra."""
+    node, path = cfg, []
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or not OmegaConf.is_struct(node):
+            return None
+        keys = [str(k) for k in node.keys() if not (node is cfg and k == "hydra")]
+        if part not in keys:
+            return ".".join(path), part, keys
+        if OmegaConf.is_missing(node, part) or OmegaConf.is_interpolation(node, part):
+            return None
+        node, path = node[part], [*path, part]
+    return None
+
+
+def _in_other_options(group: str, chosen: str, path: list[str], name: str) -> str:
+    """' did you mean <key>, with <group>=<option>?' where another option of the group (its own YAML) has a
+    key close to `name` at `path`: `mode.max_inflight` is `mode.max_in_flight` of mode=async."""
+    found: dict[str, list[str]] = {}
+    for option in _options(group):
+        node = OmegaConf.load(CONFIGS / group / f"{option}.yaml")
+        for part in path:
+            node = node.get(part) if isinstance(node, DictConfig) else None
+        if option != chosen and isinstance(node, DictConfig):
+            for k in node.keys():
+                found.setdefault(str(k), []).append(option)
+    close = difflib.get_close_matches(name, [k for k in found if k != "defaults"], n=1)
+    if not close:
+        return ""
+    options = ", ".join(f"{group}={option}" for option in found[close[0]])
+    return f" did you mean {'.'.join([group, *path, close[0]])}, with {options}?"

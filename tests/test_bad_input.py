@@ -217,8 +217,30 @@ CONFIG_CASES = [
     ("unknown_option", ["cluster=nonexistent"], "cluster=nonexistent is invalid; allowed: one of cpu_small,"),
     ("misspelt_option", ["workload=swee"], "workload=swee is invalid; did you mean workload=swe? allowed: one of"),
     ("experiment_without_plus", ["experiment=swe"], "experiment=swe is invalid; an experiment is added: +experiment=swe"),
+    # A key inside a group that the composed config lacks (the group's chosen option, after +experiment and
+    # in every option a sweep picks): the key closest at that level, or the option that has it.
+    ("unknown_key", ["cluster.num_engine=8"], "cluster.num_engine=8 is invalid: no key 'num_engine' in cluster "
+                                              "(cluster=dense_h100); did you mean cluster.num_engines? allowed: one of"),
+    ("misspelt_policy_key", ["policy=prorsa", "policy.hysterisis=0.1"],
+     "policy.hysterisis=0.1 is invalid: no key 'hysterisis' in policy (policy=prorsa); did you mean policy.hysteresis?"),
+    ("key_of_another_mode", ["mode.max_inflight=3"], "mode.max_inflight=3 is invalid: no key 'max_inflight' in mode "
+                                                     "(mode=sync); did you mean mode.max_in_flight, with mode=async?"),
+    ("misspelt_key_after_experiment", ["+experiment=tooluse_async", "mode.max_inflight=3"],
+     "mode.max_inflight=3 is invalid: no key 'max_inflight' in mode (mode=async); did you mean mode.max_in_flight?"),
+    ("misspelt_nested_key", ["cluster.parallelism.prefil.tp=2"], "cluster.parallelism.prefil.tp=2 is invalid: no key "
+     "'prefil' in cluster.parallelism (cluster=dense_h100); did you mean cluster.parallelism.prefill?"),
+    ("misspelt_nested_leaf", ["cluster.parallelism.decode.dpp=2"], "cluster.parallelism.decode.dpp=2 is invalid: no "
+     "key 'dpp' in cluster.parallelism.decode (cluster=dense_h100); did you mean cluster.parallelism.decode.dp?"),
+    ("key_not_in_config", ["cluster.perf.foo=1"], "cluster.perf.foo=1 is invalid: no key 'foo' in cluster.perf "
+                                                  "(cluster=dense_h100); allowed: none, or a key added with a '+': "
+                                                  "+cluster.perf.foo=1"),
+    ("sweep_misspelt_key", ["-m", "cluster.num_engine=4,8"], "cluster.num_engine=4,8 is invalid: no key 'num_engine' "
+                                                             "in cluster (cluster=dense_h100); did you mean "
+                                                             "cluster.num_engines?"),
+    ("sweep_key_not_in_every_option", ["-m", "policy=prorsa,colocate", "policy.hysteresis=0.1"],
+     "policy.hysteresis=0.1 is invalid: no key 'hysteresis' in policy (policy=colocate); did you mean "
+     "policy.hysteresis, with policy=pearl, policy=prorsa?"),
     # Rejected by Hydra while composing the config (its message, no traceback, nothing run).
-    ("unknown_key", ["cluster.num_engine=8"], "Key 'num_engine' is not in struct"),
     ("wrong_type_merge", ["workload=mix", "workload.components=[]"], "Error merging override workload.components=[]"),
 ]
 
@@ -355,7 +377,8 @@ def cli(tmp_path_factory):
     base = tmp_path_factory.mktemp("bad_input")
     cases, expected = [], {}
     for cid, overrides, message in CONFIG_CASES:
-        cases.append({"id": cid, "argv": [f"hydra.run.dir={base / cid}", *SMALL, *overrides]})
+        cases.append({"id": cid, "argv": [f"hydra.run.dir={base / cid}", f"hydra.sweep.dir={base / cid}", *SMALL,
+                                          *overrides]})
         expected[cid] = message
     traces = base / "traces"
     traces.mkdir()
@@ -449,13 +472,34 @@ def test_a_bad_config_leaves_nothing_in_results(tmp_path):
     a bad value, and a misspelt key with the key it likely meant."""
     for args, expected in [(["cluster.num_engines=0"], "cluster.num_engines=0 is invalid; allowed: an integer >= 1"),
                            (["+cluster.num_engine=4"], "cluster.num_engine=4 is invalid; did you mean "
-                                                        "cluster.num_engines? allowed: one of")]:
+                                                        "cluster.num_engines? allowed: one of"),
+                           (["cluster.num_engine=4"], "cluster.num_engine=4 is invalid: no key 'num_engine' in "
+                                                      "cluster (cluster=dense_h100); did you mean cluster.num_engines?"),
+                           (["-m", "cluster.num_engine=4,8"], "cluster.num_engine=4,8 is invalid: no key 'num_engine' "
+                                                              "in cluster (cluster=dense_h100); did you mean "
+                                                              "cluster.num_engines?")]:
         res = subprocess.run([sys.executable, str(ROOT / "run.py"), *SMALL, *args], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120)
         assert res.returncode == 1, res.stderr[-3000:]
         assert expected in res.stderr and "Nothing was run or written" in res.stderr, res.stderr[-3000:]
         assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
         assert not list(tmp_path.iterdir()), list(tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["cluster.parallelism.prefill.tp=2", "cluster.num_engines=4"],
+    ["policy=prorsa", "policy.hysteresis=0.1", "policy.model.cost_model=profiled"],
+    ["+experiment=tooluse_async", "mode.max_in_flight=3"],       # a key of the group option the experiment picks
+    ["-m", "mode=async", "mode.max_in_flight=4,8"],              # a sweep's values
+    ["policy=prorsa,pearl", "policy.hysteresis=0.05,0.1"],       # a key of every option a sweep picks
+    ["+cluster.foo=1", "++cluster.weight_dtype=fp8", "~cluster.perf"],   # added and removed: Hydra's and the schemas'
+    ["workload=swe", "workload.tool_latency.0.median=2"],         # inside a list: Hydra's
+    ["hydra.run.dir=/tmp/x", "hydra.job.chdir=false"],
+], ids=["nested", "policy_option", "experiment", "sweep_values", "sweep_options", "added", "list", "hydra"])
+def test_existing_keys_pass_the_override_check(overrides):
+    """What Hydra would compose passes the check before it (harness/cli.py check_overrides) unchanged."""
+    from harness.cli import check_overrides
+    check_overrides([o for o in overrides if o != "-m"])
 
 
 # The tools (harness/cli.py: argparse options, Hydra overrides as KEY=VALUE): (module, arguments, what
@@ -489,6 +533,8 @@ TOOL_CASES = [
     ("workloads.card", ["workload=swee"], "error: workload=swee is invalid; did you mean workload=swe? allowed:"),
     ("workloads.card", ["workload.batch_size=abc"], "error: workload.batch_size='abc' is invalid; allowed: an integer"),
     ("workloads.card", ["+workload.foo=1"], "error: workload.foo=1 is invalid; allowed: one of"),
+    ("workloads.card", ["workload.batchsize=1"], "error: workload.batchsize=1 is invalid: no key 'batchsize' in "
+                                                 "workload (workload=synthetic); did you mean workload.batch_size?"),
     ("workloads.card", ["+workload.batchsize=1"], "error: workload.batchsize=1 is invalid; did you mean workload.batch_size?"),
     ("workloads.card", ["workload=trace", "workload.path=missing.jsonl"], "error: missing.jsonl: no such trace file"),
     ("workloads.card", ["--samples", "0"], "error: --samples=0 --steps=1 is invalid; allowed: integers >= 1"),

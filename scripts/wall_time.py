@@ -6,23 +6,28 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from harness.report import find_runs  # noqa: E402
+
 
 def runs(out: Path) -> pd.DataFrame:
+    """Colocation's and Prorsa's complete runs, by the sweep directory they are in; a run that sets any
+    `policy.` key (an ablation, a variant) is not the default policy and is left out."""
     rows = []
-    for f in sorted(out.glob("*/*/summary.json")):
-        s = json.loads(f.read_text())
-        name = f.parent.name
-        if s["policy"] not in ("colocate", "prorsa") or "policy." in name.replace("policy.num_prefill", ""):
-            continue   # ablations and variants are not the default policies
-        rows.append({"experiment": f.parent.parent.name, "seed": s["seed"], "policy": s["policy"],
+    for r in find_runs([out]):
+        s = r.summary
+        if not r.complete or s["policy"] not in ("colocate", "prorsa") or \
+                any(o.lstrip("+~").startswith("policy.") for o in r.overrides):
+            continue
+        rows.append({"experiment": r.path.relative_to(out).parts[0], "seed": s["seed"], "policy": s["policy"],
                      "wall_time_s": s["wall_time_s"], "plans": s.get("plans", 0),
                      "plan_cpu_s_p50": s.get("plan_cpu_s_p50", 0.0)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["experiment", "seed", "policy", "wall_time_s", "plans", "plan_cpu_s_p50"])
 
 
 def table(out: Path) -> str:

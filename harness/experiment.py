@@ -198,7 +198,8 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         tokens = TokenTimes()
         backend.set_step_listener(tokens.on_step)
     policy.attach_driver(driver)
-    sampler = ClusterSampler(backend, lambda: (driver.completed, driver.total), float(cfg.sample_interval_s))
+    sampler = ClusterSampler(backend, lambda: (driver.completed, driver.total), float(cfg.sample_interval_s),
+                             ticks=driver.ticks)   # neither ticker counts the other's ticks as activity
     # This attempt replaces whatever an earlier one left: no completion marker until it ends, and no
     # temporary file of a killed attempt.
     (out / SUMMARY).unlink(missing_ok=True)

@@ -20,10 +20,11 @@ class Policy(ABC):
     """Decides engine roles (plan) and where each turn runs (route).
 
     `initial_roles`: the roles the engines are launched in (with each role's parallelism, which kv_both
-    and drain switches keep). `plan` is called every `control_interval_s` of (simulated or wall) time,
-    and in sync RL before each step's batch (the first included; every trajectory of the last step
-    ended, none of the next started: the batch starts once the switches asked for are done), and
-    returns the roles it wants, or None to keep the current ones. `route` must pick available engines:
+    and drain switches keep). `plan` is called every `control_interval_s` of (simulated or wall) time
+    (in the simulator, further apart in a long stretch where nothing happens: harness/ticks.py), and
+    in sync RL before each step's batch (the first included; every trajectory of the last step ended,
+    none of the next started: the batch starts once the switches asked for are done), and returns
+    the roles it wants, or None to keep the current ones. `route` must pick available engines:
     engines whose role serves the leg (colocated or prefill for the prefill leg; colocated or
     decode for the decode leg). On real engines `plan` runs in a worker thread while the driver's loop
     goes on routing (`route` is called meanwhile; events reach `observe` once the plan returns).

@@ -22,7 +22,8 @@ parquet row group that does not decode) is listed in a "failed runs" section, na
 is wrong, and never enters a table or figure.
 The report is written all or nothing: its files are written into a temporary directory in OUT and moved
 into place once all are written, so a report that cannot be written (a full disk) leaves OUT as it was and
-names the file in one line.
+names the file in one line. The directory of a report that was killed is removed by the next report into
+OUT (its name says which process wrote it; never one whose process still runs).
 With `--wandb [PROJECT]` the report is also one W&B run (job type "report", offline unless WANDB_MODE
 says otherwise, under OUT/wandb): speedup.csv as a W&B table and every PNG figure as an image.
 """
@@ -34,6 +35,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import tempfile
 import textwrap
 import zlib
@@ -923,15 +925,65 @@ def _write(path: Path, write: Callable[[Path], object]) -> None:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
 
 
+# A report's staging directory in OUT: `.report-<pid>@<host>-<mkdtemp's 8 characters>`, its writer's process.
+STAGE_PREFIX = ".report-"
+STAGE_NAME = re.compile(r"\.report-(\d+)@([A-Za-z0-9._-]+)-[a-z0-9_]{8}")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "_"
+
+
+def _stage_prefix() -> str:
+    return f"{STAGE_PREFIX}{os.getpid()}@{_host()}-"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (True where that cannot be told: never a false 'no')."""
+    if pid <= 0:
+        return True   # 0 and below name process groups, not a writer
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OverflowError, OSError):
+        return True   # another user's process (PermissionError), or a number no process has: not provably gone
+    return True
+
+
+def remove_abandoned_stages(out: Path) -> list[Path]:
+    """Remove the staging directories in `out` whose writer is provably gone: the name is exactly a stage
+    name (STAGE_NAME), it is a directory (not a link), written on this machine, by a process that no longer
+    exists (a report killed mid-write). A concurrent report's stays, and so does anything else (a name
+    without a process, as earlier versions wrote, another machine's on a shared disk). Returns those removed.
+    A process id reused since is a live process: its stage stays, to be removed by a later report."""
+    removed = []
+    host = _host()
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = STAGE_NAME.fullmatch(entry.name)
+        if m is None or m.group(2) != host or not entry.is_dir(follow_symlinks=False) or _alive(int(m.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        log.info("removed %s, left by a report that was stopped before it finished", entry.path)
+        removed.append(Path(entry.path))
+    return removed
+
+
 @contextmanager
 def staged(out: Path) -> Iterator[Path]:
     """A temporary directory in `out` to write the report into; once the block ends, its files are moved
     to the same names in `out`. A failure (a full disk) leaves `out` as it was: the staged files are
     removed, the files they replaced put back, and `out` itself removed if this made it. The OSError
-    names the file under `out`."""
+    names the file under `out`. The directory's name carries this process's id, so that a report killed
+    before it could remove it has its directory removed by the next one (remove_abandoned_stages)."""
     made = [p for p in (out, *out.parents) if not p.exists()]
     out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
+    remove_abandoned_stages(out)
+    stage = Path(tempfile.mkdtemp(prefix=_stage_prefix(), dir=out))
     try:
         yield stage
         _move_in(stage, out)

@@ -24,6 +24,7 @@ from functools import partial
 
 from harness.api import Backend, ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.policy import Policy
+from harness.ticks import IdleBackoff, TickCount, event_count
 from harness.trajectory import TrajectoryScript, TurnRecord, TurnTable, validate_script
 from workloads.base import Workload
 
@@ -137,6 +138,11 @@ class RolloutDriver:
         self._planning = False          # a plan is in flight: asked for, its decision not applied yet
         self._after_plan: Callable[[], None] | None = None   # a sync step start waiting for that plan
         self._held: list[LifecycleEvent] | None = None   # the policy's events while its plan runs off the loop
+        # The control tick's interval widens in a long idle stretch (harness/ticks.py); `ticks` is the
+        # run's count of tick events, shared with the cluster sampler (harness/experiment.py).
+        self.ticks = TickCount()
+        self._control = IdleBackoff(self.ticks)
+        self._control_gen = 0           # the control tick due; an earlier one still queued was superseded
         backend.set_listener(self._on_event, self._route_and_submit)
 
     # --- public -------------------------------------------------------------------------------
@@ -148,7 +154,7 @@ class RolloutDriver:
         else:
             self._fill_async()
         if self.policy.control_interval_s:
-            self.backend.call_later(0.0, self._control_tick)
+            self.backend.call_later(0.0, partial(self._control_tick, self._control_gen))
         return self.resume()
 
     def resume(self) -> RolloutResult:
@@ -292,6 +298,8 @@ class RolloutDriver:
 
     # --- events ---------------------------------------------------------------------------------
     def _emit(self, e: LifecycleEvent) -> None:
+        if self._control.widened:
+            self._wake_control_tick()
         if self.keep_events:
             self.events.append(e)
         if self._held is not None:
@@ -362,19 +370,40 @@ class RolloutDriver:
                                   tokens=script.tool_output_tokens(turn)))
         self._turn_ready(script, turn + 1)
 
-    def _control_tick(self) -> None:
-        if self.completed == self.total or not self.policy.control_interval_s:
+    def _control_tick(self, gen: int) -> None:
+        """Ask the policy for a plan (unless one is in flight) every `control_interval_s`, or further
+        apart in a long idle stretch: after IDLE_TICKS intervals in a row in which nothing but ticks ran,
+        each interval doubles, up to a day (harness/ticks.py; the simulator only). The events of such an
+        interval are this tick, the sampler's ticks and the delayed application of this tick's plan (a
+        decision that switches a role makes events of its own). Unlike the sampler's, this tick wakes:
+        the first lifecycle event after the interval widened schedules the next tick one interval on
+        (`_wake_control_tick`), so the policy re-plans as soon after the idle stretch as it would have
+        without it; the tick then queued further on is superseded (`gen`) and returns when it runs."""
+        self._control.tick()
+        if gen != self._control_gen:
+            return   # superseded by a wake-up
+        interval = self.policy.control_interval_s
+        if self.completed == self.total or not interval:
             return   # done, or (in a fork) a policy that never re-plans
         if not self._planning:
-            self._ask_policy()
-        self.backend.call_later(self.policy.control_interval_s, self._control_tick)
+            self._ask_policy(tick=True)
+        gap = self._control.next_gap_s(event_count(self.backend), interval)
+        self.backend.call_later(gap, partial(self._control_tick, gen))
 
-    def _ask_policy(self, then: Callable[[], None] | None = None) -> None:
+    def _wake_control_tick(self) -> None:
+        self._control.wake()
+        interval = self.policy.control_interval_s
+        self._control_gen += 1
+        if interval and self.completed < self.total:
+            self.backend.call_later(interval, partial(self._control_tick, self._control_gen))
+
+    def _ask_policy(self, then: Callable[[], None] | None = None, tick: bool = False) -> None:
         """The policy's plan on the present view. The simulator runs it at once (its clock stands still)
         and its decision applies after the latency the policy charges for it; real engines run it in a
         worker while this loop goes on routing and streaming under the present roles (the policy's events
         held until the plan returns, so it plans on one state), and it applies when it returns. `then`
-        runs once the decision is applied or dropped."""
+        runs once the decision is applied or dropped. `tick`: asked by the control tick, whose delayed
+        application is part of the tick (a tick event: harness/ticks.py)."""
         asked = _Asked(self.backend.view(), len(self.step_windows), self.started, self.completed, then)
         self._planning = True
         inline = self.backend.plans_inline
@@ -397,10 +426,15 @@ class RolloutDriver:
             record = PlanRecord(asked.view.now, cpu)
             self.plans.append(record)
             if inline and latency > 0:
-                self.backend.call_later(latency, partial(self._apply_plan, asked, wanted, record))
+                apply = self._apply_tick_plan if tick else self._apply_plan
+                self.backend.call_later(latency, partial(apply, asked, wanted, record))
             else:
                 self._apply_plan(asked, wanted, record)
         self.backend.run_plan(work, returned)
+
+    def _apply_tick_plan(self, asked: _Asked, wanted: dict[int, Role] | None, record: PlanRecord | None) -> None:
+        self._control.tick()
+        self._apply_plan(asked, wanted, record)
 
     def _apply_plan(self, asked: _Asked, wanted: dict[int, Role] | None, record: PlanRecord | None) -> None:
         self._planning = False

@@ -13,12 +13,7 @@ from typing import Callable
 import pandas as pd
 
 from harness.api import Backend, Role
-
-# Empty intervals (no event but the sampler's own tick) sampled on the grid before the interval doubles:
-# sampling then costs work in proportion to the events, not to simulated time (a tool call of a day,
-# with nothing else running, is a few thousand samples, not 86,400 / sample_interval_s).
-IDLE_TICKS = 1000
-MAX_IDLE_INTERVAL_S = 86400.0
+from harness.ticks import IdleBackoff, TickCount, event_count
 
 
 @dataclass(frozen=True)
@@ -44,9 +39,11 @@ COLUMNS = list(Sample.__dataclass_fields__)
 @dataclass
 class ClusterSampler:
     """Samples the cluster every `interval_s` of backend time until the rollout has finished; after
-    IDLE_TICKS intervals in a row in which nothing but the sampler ran (the simulator's event count says
-    so), each next interval is twice the last (at most a day) until something happens again, so that
-    timeseries.parquet has fewer rows in a long idle stretch, where the state does not change.
+    IDLE_TICKS intervals in a row in which nothing but ticks ran (this sampler's and, given the driver's
+    `ticks`, the policy's control ticks: harness/ticks.py), each next interval is twice the last (at most
+    a day) until something happens again, so that timeseries.parquet has fewer rows in a long idle
+    stretch, where the state does not change. Sampling then costs work in proportion to the events, not
+    to simulated time (a tool call of a day, with nothing else running, is a few thousand samples).
 
     Listeners get every sample as it is taken (W&B logging, progress on the terminal). `progress` says
     (trajectories completed, trajectories in the run): the sampler does not know the driver.
@@ -57,34 +54,27 @@ class ClusterSampler:
     interval_s: float
     listeners: list[Callable[[Sample], None]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-    _events: int = -1          # the backend's event count at the last tick
-    _idle: int = 0             # empty intervals in a row
-    _gap_s: float = 0.0        # the interval to the next tick
+    ticks: TickCount = field(default_factory=TickCount)   # shared with the run's other tickers
+    _backoff: IdleBackoff = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
             raise ValueError(f"sample_interval_s={self.interval_s} is invalid; allowed: > 0")
+        self._backoff = IdleBackoff(self.ticks)
 
     def start(self) -> None:
         self.backend.call_later(0.0, self._tick, observer=True)
 
     def _tick(self) -> None:
+        self._backoff.tick()
         sample = self._sample()
         self.samples.append(sample)
         for listener in self.listeners:
             listener(sample)
         done, total = self.progress()
         if done < total:
-            self.backend.call_later(self._next_gap_s(), self._tick, observer=True)
-
-    def _next_gap_s(self) -> float:
-        events = getattr(getattr(self.backend, "loop", None), "events_processed", None)   # the simulator's
-        if events is None:
-            return self.interval_s
-        self._idle = self._idle + 1 if events == self._events + 1 else 0   # only this tick ran since the last
-        self._events = events
-        self._gap_s = self.interval_s if self._idle <= IDLE_TICKS else min(2 * self._gap_s, MAX_IDLE_INTERVAL_S)
-        return self._gap_s
+            gap = self._backoff.next_gap_s(event_count(self.backend), self.interval_s)
+            self.backend.call_later(gap, self._tick, observer=True)
 
     def _sample(self) -> Sample:
         view = self.backend.view()

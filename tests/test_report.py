@@ -14,7 +14,7 @@ import yaml
 from PIL import Image
 
 from harness.figure_style import COLORS, LOOKS, MAX_WIDTH_IN, MUTED, ROLE_COLORS, policy_color, policy_order
-from harness.report import Figures, find_runs, main, runs_frame, speedup_table, speedups
+from harness.report import Figures, _host, find_runs, main, runs_frame, speedup_table, speedups
 
 
 def make_run(root: Path, name: str, policy: str, rollout: float, seed: int = 0, workload: str = "search",
@@ -743,3 +743,45 @@ def test_a_report_that_cannot_be_written_leaves_out_as_it_was(sweep, tmp_path, c
     assert [line for line in err.splitlines() if "error:" in line] == \
         [f"python -m harness.report: error: cannot write {out / failed}: {reason}; {out} is as it was"], err
     assert tree(out) == before and out.exists() == out_exists
+
+
+def test_a_killed_report_leaves_no_staging_directory_behind_the_next_one(sweep, tmp_path):
+    """A report killed mid-write (here: exiting inside its staging block, with no clean-up) leaves its
+    staging directory in OUT; the next report removes it, as it does every one whose writer has ended, and
+    keeps a concurrent report's (this process's id), another machine's, one without a process id (as
+    earlier versions named them) and anything else whose name is not exactly a staging directory's."""
+    out = tmp_path / "out"
+    code = ("import os, sys; from pathlib import Path; from harness.report import staged\n"
+            "with staged(Path(sys.argv[1])) as stage:\n"
+            "    (stage / 'speedup.md').write_text('half')\n"
+            "    print(stage.name, flush=True)\n"
+            "    os._exit(9)\n")
+    killed = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert killed.returncode == 9, killed.stderr[-3000:]
+    left, host = out / killed.stdout.strip(), _host()
+    assert re.fullmatch(rf"\.report-\d+@{re.escape(host)}-[a-z0-9_]{{8}}", left.name), left.name
+    assert (left / "speedup.md").is_file()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    dead = int(ended.stdout)   # a process that has exited
+    stale = out / f".report-{dead}@{host}-abcd_123"
+    kept = [out / f".report-{os.getpid()}@{host}-efgh_456",   # a live writer: a concurrent report
+            out / f".report-{dead}@another.host-abcd_123",     # another machine's, on a shared disk
+            out / ".report-abcd_123",                          # no process id
+            out / ".report-notes",                             # not a staging directory's name
+            out / f".report-{dead}@{host}-abcd_123.bak"]
+    for d in [stale, *kept]:
+        d.mkdir()
+        (d / "mine.txt").write_text("mine")
+    (out / ".report-notes.txt").write_text("notes")
+    (out / f".report-{dead}@{host}-file_123").write_text("a file, not a directory")
+
+    main([str(sweep), "--out", str(out)])
+    assert not left.exists() and not stale.exists()
+    assert all((d / "mine.txt").read_text() == "mine" for d in kept)
+    assert (out / ".report-notes.txt").read_text() == "notes"
+    assert (out / f".report-{dead}@{host}-file_123").is_file()
+    assert (out / "speedup.md").read_text() != "half"
+    assert sorted(p.name for p in out.glob(".report-*")) == sorted(
+        [d.name for d in kept] + [".report-notes.txt", f".report-{dead}@{host}-file_123"])   # its own removed too

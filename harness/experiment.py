@@ -206,7 +206,8 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     for name in OWN_FILES:   # only this harness's names: the directory may hold a user's own *.tmp
         (out / f"{name}.tmp").unlink(missing_ok=True)
     progress = Progress(label, float(cfg.progress_interval_s), driver.total,
-                        per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps)
+                        per_step=driver.batch_traj if mode.name == "sync" else 0, num_steps=mode.num_steps,
+                        name=policy.name)
     sampler.listeners.append(progress)
     sampler.start()
     with progress.shown():

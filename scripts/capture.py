@@ -2,7 +2,7 @@
 much of that gain Prorsa captures (issue item: (hindsight_best - prorsa) / (hindsight_best - oracle)).
 
 Each capture setting (configs/experiment/capture_*.yaml, committed before its first run) runs colocation,
-every fixed split, `oracle_pd` and Prorsa at seeds 0-2. `hindsight_best` is the best static run per seed.
+every fixed split, `oracle_pd` and Prorsa at seeds 0-2 (and the held-out seeds, `--seeds 3,4,5`). `hindsight_best` is the best static run per seed.
 
   python scripts/capture.py run   [OUT] [--settings capture_flip_async,...] [--seeds 0,1,2]
   python scripts/capture.py table [OUT]      (writes OUT/capture.csv and OUT/capture.md)
@@ -19,7 +19,13 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).parent))
 from study import main, summaries, sweep  # noqa: E402
 
-SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_sync", "capture_alternate_sync")
+SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_sync", "capture_alternate_sync",
+            "capture_flip_async_reverse")
+# Held out from the design of Prorsa's switch rule (Planner.weigh), each committed before its first run:
+# seeds 3-5 of the two settings where the oracle gained, and a setting of its own at seeds 0-2.
+HELD_OUT = {("capture_flip_async", 3), ("capture_flip_async", 4), ("capture_flip_async", 5),
+            ("capture_flip_async_drain", 3), ("capture_flip_async_drain", 4), ("capture_flip_async_drain", 5),
+            ("capture_flip_async_reverse", 0), ("capture_flip_async_reverse", 1), ("capture_flip_async_reverse", 2)}
 SPLITS = "1,2,3,4,5,6,7"
 ORACLE = ["policy=oracle_pd", "policy.decision_interval_s=50"]   # fork and compare every 50 simulated s
 MIN_ORACLE_GAIN = 0.03   # settings where the oracle beats hindsight_best by at least this share count
@@ -46,7 +52,8 @@ def table(out: Path) -> pd.DataFrame:
                 continue   # not every static, or no oracle, at this seed
             best, o = st.loc[st.rollout_time_s.idxmin()], orc.iloc[0]
             gain = best.rollout_time_s - o.rollout_time_s
-            rows.append({"setting": setting, "seed": p.seed, "hindsight_best_s": best.rollout_time_s,
+            rows.append({"setting": setting, "seed": p.seed, "held_out": (setting, p.seed) in HELD_OUT,
+                         "hindsight_best_s": best.rollout_time_s,
                          "best_static": best.split, "oracle_s": o.rollout_time_s, "oracle_switches": o.switches,
                          "prorsa_s": p.rollout_time_s, "prorsa_switches": p.switches,
                          "oracle_gain": gain / best.rollout_time_s,
@@ -56,13 +63,15 @@ def table(out: Path) -> pd.DataFrame:
                          "prorsa_wall_s": p.wall_time_s})
     df = pd.DataFrame(rows)
     df.to_csv(out / "capture.csv", index=False)
-    lines = ["| setting | seed | best static (s) | oracle (s, switches) | oracle gain | Prorsa (s, switches) "
-             "| Prorsa / best | captured | forecast WAPE prefill / decode (mean of bins) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | seed | held out | best static (s) | oracle (s, switches) | oracle gain "
+             "| Prorsa (s, switches) | Prorsa / best | captured | forecast WAPE prefill / decode (mean of bins) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         counts = r.oracle_gain >= MIN_ORACLE_GAIN
         captured = f"{r.captured:.2f}" if counts else f"({r.captured:.2f})"
-        lines.append(f"| {r.setting} | {r.seed} | {r.hindsight_best_s:,.1f} ({r.best_static}) | {r.oracle_s:,.1f} "
-                     f"({r.oracle_switches}) | {r.oracle_gain:+.1%} | {r.prorsa_s:,.1f} ({r.prorsa_switches}) "
+        held = "yes" if r.held_out else ""
+        lines.append(f"| {r.setting} | {r.seed} | {held} | {r.hindsight_best_s:,.1f} ({r.best_static}) "
+                     f"| {r.oracle_s:,.1f} ({r.oracle_switches}) | {r.oracle_gain:+.1%} | {r.prorsa_s:,.1f} ({r.prorsa_switches}) "
                      f"| {r.prorsa_vs_best:.3f} | {captured} | {r.wape_prefill:.2f} / {r.wape_decode:.2f} |")
     (out / "capture.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

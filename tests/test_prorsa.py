@@ -404,8 +404,7 @@ def test_planner_takes_the_nearest_of_equally_good_splits():
     view = engines([Role.PREFILL] * 2 + [Role.DECODE] * 6)
     d = planner.decide(view, 2, [], [], 8)
     assert d.switch and d.split == 3 and sum(r == Role.PREFILL for r in d.roles.values()) == 3
-    planner = Planner(cluster, ScriptedWhatIf({**scores, 2: 82}), hysteresis=0.05, allow_colocated=True,
-                      max_candidates=8)   # a first plan (no evidence from the one above)
+    planner.whatif = ScriptedWhatIf({**scores, 2: 82})
     assert not planner.decide(view, 2, [], [], 8).switch
 
 
@@ -1071,8 +1070,23 @@ def test_switch_evidence_adds_up_gains_over_plans_by_hand():
     assert ready == [[], [], [], [2]]
     assert planner.evidence[2] == pytest.approx(0.05) and planner.evidence[3] == 0.0 and planner.evidence[4] == 0.0
     assert planner.weigh(2, {2: 90.0, 3: 86.0}) == [] and planner.evidence[3] == pytest.approx(0.0194, abs=1e-4)
+    assert 2 not in planner.evidence   # against the new split, the old one's evidence is gone
     planner.reject(3)
     assert 3 not in planner.evidence
+    # held at the threshold: one plan that scores 3P worse than staying leaves it not ready
+    for _ in range(5):
+        ready = planner.weigh(2, {2: 100.0, 3: 90.0})
+    assert ready == [3] and planner.evidence[3] == pytest.approx(0.05)
+    assert planner.weigh(2, {2: 100.0, 3: 101.0}) == []
+    # a candidate cut at a bound below staying's score says nothing (adds 0); above it, its sure loss
+    planner.reset()
+    planner.weigh(2, {2: 100.0, 3: 90.0})
+    planner.weigh(2, {2: 100.0, 3: np.inf}, {3: 95.0})
+    assert planner.evidence[3] == pytest.approx(0.0)
+    planner.reset()
+    planner.weigh(2, {2: 100.0, 3: 90.0}), planner.weigh(2, {2: 100.0, 3: 90.0})
+    planner.weigh(2, {2: 100.0, 3: np.inf}, {3: 101.0})
+    assert planner.evidence[3] == pytest.approx(0.05 - 0.01 - 0.025)
     single = Planner(cluster, None, hysteresis=0.05, allow_colocated=True, max_candidates=8,
                      switch_rule="evidence")   # confirm_plans=1
     assert single.weigh(COLOCATED, {COLOCATED: 100.0, 2: 95.0}) == [2]      # one plan beating by h is enough

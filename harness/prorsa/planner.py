@@ -184,12 +184,14 @@ class Planner:
         launched = view.launched_roles()
         left = decode_left(futures)
         outcomes: dict[int, Outcome] = {}
+        bounds: dict[int, float] = {}     # the score each candidate's run was cut at (inf: run to its end)
         roles_of: dict[int, dict[int, Role]] = {}
         others = sorted(set(self.candidates(current)) - {current}, key=lambda k: (self._last.get(k, np.inf), k))
         for split in [current, *others]:
             roles = target_roles(view, split, left)
             roles_of[split] = roles
             bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
+            bounds[split] = bound
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
                                               new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
                                               launched_as=launched, then=then if split == current else None)
@@ -200,7 +202,7 @@ class Planner:
                 return Decision(current, roles, False, dict(self._last), outcomes[current], closed_for)
         scores = {k: self.score(o, to_end) for k, o in outcomes.items()}
         self._last = scores
-        ready = self.weigh(current, scores)
+        ready = self.weigh(current, scores, bounds)
         moved = {k: sum(roles_of[k][e.engine_id] != e.role for e in view.engines) for k in scores}
         top = min(scores.values())
         # candidates within the sampling noise of the best are equally good: take the one that moves
@@ -225,16 +227,18 @@ class Planner:
         chosen = next((k for k in better if robust(k)), current)
         return Decision(chosen, roles_of[chosen], chosen != current, scores, outcomes[current])
 
-    def weigh(self, current: int, scores: dict[int, float]) -> list[int]:
+    def weigh(self, current: int, scores: dict[int, float], bounds: dict[int, float] | None = None) -> list[int]:
         """The targets this plan may switch to. `switch_rule: consecutive`: those that beat staying by
         the hysteresis h in this plan (the policy then waits for `confirm_plans` consecutive plans that
         want the same target). `evidence`: those whose evidence over the plans so far is enough (Page's
         CUSUM per target): each plan adds the target's gain over staying, (stay - target) / stay
         clipped to h either way, less h / 2, and the sum never falls below 0; a target is ready once it
-        reaches `confirm_plans` x h / 2. So `confirm_plans` plans that each beat staying by h are
-        enough, as are more plans that each beat it by between h / 2 and h (a gain that persists while
-        the best target changes from plan to plan), while gains under h / 2 never add up. A candidate
-        not run this plan adds 0, one cut at its bound adds -h. Why: on capture_flip_async_drain seed 1
+        reaches `confirm_plans` x h / 2, and goes no higher (a target held back, by the hedges or a
+        failed check, stays ready only while each plan gains h / 2 or more). So `confirm_plans` plans
+        that each beat staying by h are enough, as are more plans that each beat it by between h / 2
+        and h (a gain that persists while the best target changes from plan to plan), while gains
+        under h / 2 never add up. A candidate not run this plan adds the gain it is sure not to exceed
+        where its run was cut at a `bounds` score above staying's, else 0. Why: on capture_flip_async_drain seed 1
         the fresh-sample checks put colocation 6-15% ahead of 1P7D at 470, 490, 510 and 530 s, but the
         plans in between did not, so two consecutive plans never agreed (REPRODUCE.md, "Switches
         against the oracle")."""
@@ -243,11 +247,19 @@ class Planner:
         if current != self._weighed_at:
             self.evidence, self._weighed_at = {}, current
         h = max(self.hysteresis, 1e-9)   # with no hysteresis, every plan that finds a target better counts
-        stay = scores[current]
+        ready = self.confirm_plans * h / 2
+        stay, bounds = scores[current], bounds or {}
         for k in (set(self.candidates(current)) | set(scores)) - {current}:
-            gain = (stay - scores[k]) / stay if k in scores and stay > 0 else 0.0
-            self.evidence[k] = max(0.0, self.evidence.get(k, 0.0) + min(max(gain, -h), h) - h / 2)
-        return [k for k, e in self.evidence.items() if e >= self.confirm_plans * h / 2 * (1 - 1e-9)]
+            score = scores.get(k, np.inf)
+            if not np.isfinite(score):   # not run, or cut: known only to end later than its bound
+                score = max(bounds.get(k, 0.0), stay)
+            gain = (stay - score) / stay if stay > 0 else 0.0
+            self.evidence[k] = min(ready, max(0.0, self.evidence.get(k, 0.0) + min(max(gain, -h), h) - h / 2))
+        return [k for k, e in self.evidence.items() if e >= ready * (1 - 1e-9)]
+
+    def reset(self) -> None:
+        """The allocation moved (a switch made, a step's start planned): `evidence` was against the last one."""
+        self.evidence, self._weighed_at = {}, None
 
     def reject(self, split: int) -> None:
         """A switch to `split` failed a later test (the policy's check on fresh samples): its evidence

@@ -268,8 +268,9 @@ class Prorsa(Policy):
         n = len(planned.engines)
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
         target = self._cluster_split(d.split)
-        switch = d.switch and target != current and self._checked(planned, d, at, sampler, rng, part)
-        if d.switch and not switch:
+        wants = d.switch and target != current
+        switch = wants and self._checked(planned, d, at, sampler, rng, part)
+        if wants and not switch:
             self.planner.reject(d.split)
         # `consecutive`: this many plans in a row want the target; `evidence`: the planner's sum of them
         needed = self.confirm_plans if self.switch_rule == "consecutive" else 1
@@ -277,6 +278,7 @@ class Prorsa(Policy):
         if not switch or self._wanted.count(target) < needed:
             return None
         self._wanted = []
+        self.planner.reset()
         self._last_switch = view.now
         self.decisions.append((view.now, target))
         log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, len(view.engines)),
@@ -338,6 +340,7 @@ class Prorsa(Policy):
         second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s).
         With `forecast: false` nothing is planned here: the plan is a forecast of the next batch, and
         before a step nothing is under way to plan from (the ablation's "present turns only")."""
+        self.planner.reset()   # switch evidence from the last step's tail is not about the next batch
         current = current_split(view)
         mix = self._next_step_mix()
         guessed = self._start_guessed and self.tracker.started > 0

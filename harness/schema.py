@@ -308,6 +308,7 @@ class ProrsaSchema:
     hysteresis: float = key(ge=0)
     min_dwell_s: float = key(ge=0)
     confirm_plans: int = key(ge=1)
+    switch_rule: str = key(choices=("consecutive", "evidence"))
     check_samples: int = key(ge=0)
     min_observations: int = key(ge=1)
     allow_colocated: bool = key()

@@ -2,7 +2,8 @@
 much of that gain Prorsa captures (issue item: (hindsight_best - prorsa) / (hindsight_best - oracle)).
 
 Each capture setting (configs/experiment/capture_*.yaml, committed before its first run) runs colocation,
-every fixed split, `oracle_pd` and Prorsa at seeds 0-2 (and the held-out seeds, `--seeds 3,4,5`). `hindsight_best` is the best static run per seed.
+every fixed split, `oracle_pd`, Prorsa and Prorsa with `policy.switch_rule=evidence` at seeds 0-2 (and
+the held-out seeds, `--seeds 3,4,5`). `hindsight_best` is the best static run per seed.
 
   python scripts/capture.py run   [OUT] [--settings capture_flip_async,...] [--seeds 0,1,2]
   python scripts/capture.py table [OUT]      (writes OUT/capture.csv and OUT/capture.md)
@@ -38,19 +39,21 @@ def run(out: Path, settings: list[str], seeds: str) -> None:
         sweep(where / "statics", [exp, f"seed={seeds}", "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
         sweep(where / "prorsa", [exp, f"seed={seeds}", "policy=prorsa"])
         sweep(where / "oracle", [exp, f"seed={seeds}", *ORACLE])
+        sweep(where / "prorsa_evidence", [exp, f"seed={seeds}", "policy=prorsa", "policy.switch_rule=evidence"])
 
 
 def table(out: Path) -> pd.DataFrame:
     rows = []
     for setting in SETTINGS:
-        statics, prorsa, oracle = (summaries(out / setting / k) for k in ("statics", "prorsa", "oracle"))
-        if statics.empty or prorsa.empty or oracle.empty:
+        statics, prorsa, oracle, evidence = (summaries(out / setting / k)
+                                             for k in ("statics", "prorsa", "oracle", "prorsa_evidence"))
+        if statics.empty or prorsa.empty or oracle.empty or evidence.empty:
             continue
         for p in prorsa.itertuples():
-            st, orc = statics[statics.seed == p.seed], oracle[oracle.seed == p.seed]
-            if len(st) < 8 or orc.empty:
-                continue   # not every static, or no oracle, at this seed
-            best, o = st.loc[st.rollout_time_s.idxmin()], orc.iloc[0]
+            st, orc, ev = (df[df.seed == p.seed] for df in (statics, oracle, evidence))
+            if len(st) < 8 or orc.empty or ev.empty:
+                continue   # not every static, no oracle or no evidence-rule run at this seed
+            best, o, e = st.loc[st.rollout_time_s.idxmin()], orc.iloc[0], ev.iloc[0]
             gain = best.rollout_time_s - o.rollout_time_s
             rows.append({"setting": setting, "seed": p.seed, "held_out": (setting, p.seed) in HELD_OUT,
                          "hindsight_best_s": best.rollout_time_s,
@@ -59,20 +62,27 @@ def table(out: Path) -> pd.DataFrame:
                          "oracle_gain": gain / best.rollout_time_s,
                          "prorsa_vs_best": best.rollout_time_s / p.rollout_time_s,
                          "captured": (best.rollout_time_s - p.rollout_time_s) / gain if gain > 0 else float("nan"),
+                         "evidence_s": e.rollout_time_s, "evidence_switches": e.switches,
+                         "evidence_vs_best": best.rollout_time_s / e.rollout_time_s,
+                         "evidence_captured": (best.rollout_time_s - e.rollout_time_s) / gain if gain > 0
+                         else float("nan"),
                          "wape_prefill": p.wape_prefill, "wape_decode": p.wape_decode,
                          "prorsa_wall_s": p.wall_time_s})
     df = pd.DataFrame(rows)
     df.to_csv(out / "capture.csv", index=False)
     lines = ["| setting | seed | held out | best static (s) | oracle (s, switches) | oracle gain "
-             "| Prorsa (s, switches) | Prorsa / best | captured | forecast WAPE prefill / decode (mean of bins) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| Prorsa (s, switches) | Prorsa / best | captured | evidence rule (s, switches) | Prorsa / best "
+             "| captured | forecast WAPE prefill / decode (mean of bins) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         counts = r.oracle_gain >= MIN_ORACLE_GAIN
-        captured = f"{r.captured:.2f}" if counts else f"({r.captured:.2f})"
+        captured, evidence = (f"{c:.2f}" if counts else f"({c:.2f})" for c in (r.captured, r.evidence_captured))
         held = "yes" if r.held_out else ""
         lines.append(f"| {r.setting} | {r.seed} | {held} | {r.hindsight_best_s:,.1f} ({r.best_static}) "
-                     f"| {r.oracle_s:,.1f} ({r.oracle_switches}) | {r.oracle_gain:+.1%} | {r.prorsa_s:,.1f} ({r.prorsa_switches}) "
-                     f"| {r.prorsa_vs_best:.3f} | {captured} | {r.wape_prefill:.2f} / {r.wape_decode:.2f} |")
+                     f"| {r.oracle_s:,.1f} ({r.oracle_switches}) | {r.oracle_gain:+.1%} "
+                     f"| {r.prorsa_s:,.1f} ({r.prorsa_switches}) | {r.prorsa_vs_best:.3f} | {captured} "
+                     f"| {r.evidence_s:,.1f} ({r.evidence_switches}) | {r.evidence_vs_best:.3f} | {evidence} "
+                     f"| {r.wape_prefill:.2f} / {r.wape_decode:.2f} |")
     (out / "capture.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return df

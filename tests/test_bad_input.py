@@ -103,6 +103,8 @@ CONFIG_CASES = [
     ("prorsa_plan_events_zero", ["policy=prorsa", "policy.plan_events_per_s=0"],
      "policy.plan_events_per_s=0 is invalid; allowed: a number > 0"),
     ("prorsa_priors", ["policy=prorsa", "policy.priors=bogus"], "policy.priors='bogus' is invalid; allowed: workload, none"),
+    ("prorsa_switch_rule", ["policy=prorsa", "policy.switch_rule=cusum"],
+     "policy.switch_rule='cusum' is invalid; allowed: consecutive, evidence"),
     ("prorsa_plan_engines_one", ["policy=prorsa", "policy.plan_engines=1"],
      "policy.plan_engines=1 is invalid; allowed: an integer >= 2"),
     ("prorsa_prefill_scale_zero", ["policy=prorsa", "policy.model.prefill_scale=0"],

@@ -1058,6 +1058,73 @@ def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_ch
     assert samples == [3] * 6
 
 
+def test_switch_evidence_adds_up_gains_over_plans_by_hand():
+    """Planner.weigh with h = 5% and confirm_plans = 2 (a target is ready at 5%): staying scores 100.
+    2P: 95 (+5% - 2.5% = 2.5%), 96 (+1.5%: 4.0%), 99 (-1.5%: 2.5%), 90 (clipped to +5%: 5.0%, ready).
+    No two consecutive plans beat staying by h, yet the gain persists. 3P at 98 (2%, under h / 2) never
+    adds up; 4P cut at its bound (inf) counts -h; a move resets every target's evidence."""
+    cluster = cluster_of(HEAVY + ["cluster.num_engines=8"])
+    planner = Planner(cluster, None, hysteresis=0.05, allow_colocated=True, max_candidates=8, confirm_plans=2,
+                      switch_rule="evidence")
+    ready = [planner.weigh(COLOCATED, {COLOCATED: 100.0, 2: two, 3: 98.0, 4: np.inf}) for two in (95, 96, 99, 90)]
+    assert ready == [[], [], [], [2]]
+    assert planner.evidence[2] == pytest.approx(0.05) and planner.evidence[3] == 0.0 and planner.evidence[4] == 0.0
+    assert planner.weigh(2, {2: 90.0, 3: 86.0}) == [] and planner.evidence[3] == pytest.approx(0.0194, abs=1e-4)
+    assert 2 not in planner.evidence   # against the new split, the old one's evidence is gone
+    planner.reject(3)
+    assert 3 not in planner.evidence
+    # held at the threshold: one plan that scores 3P worse than staying leaves it not ready
+    for _ in range(5):
+        ready = planner.weigh(2, {2: 100.0, 3: 90.0})
+    assert ready == [3] and planner.evidence[3] == pytest.approx(0.05)
+    assert planner.weigh(2, {2: 100.0, 3: 101.0}) == []
+    # a candidate cut at a bound below staying's score says nothing (adds 0); above it, its sure loss
+    planner.reset()
+    planner.weigh(2, {2: 100.0, 3: 90.0})
+    planner.weigh(2, {2: 100.0, 3: np.inf}, {3: 95.0})
+    assert planner.evidence[3] == pytest.approx(0.0)
+    planner.reset()
+    planner.weigh(2, {2: 100.0, 3: 90.0}), planner.weigh(2, {2: 100.0, 3: 90.0})
+    planner.weigh(2, {2: 100.0, 3: np.inf}, {3: 101.0})
+    assert planner.evidence[3] == pytest.approx(0.05 - 0.01 - 0.025)
+    single = Planner(cluster, None, hysteresis=0.05, allow_colocated=True, max_candidates=8,
+                     switch_rule="evidence")   # confirm_plans=1
+    assert single.weigh(COLOCATED, {COLOCATED: 100.0, 2: 95.0}) == [2]      # one plan beating by h is enough
+    assert single.weigh(2, {2: 100.0, 3: 96.0}) == [] and single.weigh(2, {2: 100.0, 3: 96.0}) == [3]
+
+
+def test_a_switch_whose_check_fails_starts_its_evidence_again():
+    """`switch_rule: evidence`: a plan that wants a switch makes it only if the target also beats staying
+    on `check_samples` fresh samples (sync); where it does not (the first plan: 0.99 s against staying's
+    1.0 s, inside the 5% hysteresis), the target's evidence is dropped (Planner.reject) and no switch is
+    made; the next plan's wish is made at once (its evidence is the planner's to add up)."""
+    from harness.prorsa.planner import Decision
+    from harness.prorsa.policy import Prorsa
+    from harness.prorsa.whatif import Outcome
+    policy = Prorsa(confirm_plans=2, switch_rule="evidence", check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
+                    initial="colocated")
+    policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
+    feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
+    policy.tracker.started = policy._starts_seen = 1
+    checked = iter([0.99, 0.5])     # the target's mean score; staying's is 1.0
+    outcome = Outcome(1.0, 1.0, 1.0, [1.0], np.zeros(5), np.zeros(5))
+    samples, rejected = [], []
+
+    def decide(view, current, *args, **kwargs):
+        return Decision(2, target_roles(view, 2), True, {current: 1.0, 2: 0.5}, outcome)
+
+    def check(view, decision, fresh, max_in_flight, to_end):
+        samples.append(len(fresh))
+        return 1.0, next(checked)
+    policy.planner.decide, policy.planner.check, policy.planner.reject = decide, check, rejected.append
+    view = engines([Role.COLOCATED] * 4)
+    made = []
+    for t in range(1, 3):
+        view.now = float(t)
+        made.append(policy.plan(view) is not None)
+    assert made == [False, True] and rejected == [2] and samples == [3, 3]
+
+
 @pytest.mark.parametrize("mechanism, checked", [("reshard", True), ("drain", True), ("kv_both", False)])
 def test_async_switch_is_checked_on_fresh_samples_when_it_drains_or_reloads(mechanism, checked):
     """Async: a switch that drains or reloads engines is made only if its target also beats staying on

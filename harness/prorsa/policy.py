@@ -87,7 +87,8 @@ class Prorsa(Policy):
                  allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
                  initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
                  max_candidates: int = 8, mix_window: int = 128,
-                 confirm_plans: int = 2, check_samples: int = 4, priority: str = "fcfs",
+                 confirm_plans: int = 2, switch_rule: str = "consecutive", check_samples: int = 4,
+                 priority: str = "fcfs",
                  mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
                  plan_events_per_s: float = 85000.0, plan_engines: int = 32, model: Mapping | None = None,
                  priors: str = "workload", seed: int = 0, name: str = "prorsa"):
@@ -99,7 +100,7 @@ class Prorsa(Policy):
         self.allow_colocated, self.use_forecast, self.switching = allow_colocated, forecast, switching
         self.initial, self.initial_samples, self.initial_max_samples = initial, initial_samples, initial_max_samples
         self.max_candidates, self.mix_window, self.seed = max_candidates, mix_window, seed
-        self.confirm_plans, self.check_samples = confirm_plans, check_samples
+        self.confirm_plans, self.switch_rule, self.check_samples = confirm_plans, switch_rule, check_samples
         self.priority, self.mix_forecast = priority, mix_forecast
         if not (plan_latency == "model" or (is_number(plan_latency) and plan_latency >= 0)):
             raise ValueError(f"policy.plan_latency={plan_latency!r} is invalid; allowed: model, or a number of "
@@ -111,13 +112,13 @@ class Prorsa(Policy):
         self._planned_events: int | None = None   # what-if events of the last `plan` call's plan (None: none made)
         self.work = DecodeWork() if placement == "forecast_work" else None   # placement.py
         self._work_left: dict[str, np.ndarray] = {}   # family -> forecast work left (s) by turns so far
-        self._wanted: list[int] = []          # the switch targets of the latest consecutive plans
         self.tracker = LifecycleTracker()
         self.prefix = PrefixTracker()
         self.routes: dict[int, Route] = {}     # trajectory -> the engines its turn under way was sent to
         # ... and that turn: on real engines events reach `observe` after a plan returns, so a turn's end
         # may arrive after the next turn was routed, and must not take that route away
         self._routed_turn: dict[int, int] = {}
+        self._wanted: list[int] = []          # switch_rule=consecutive: the targets of the latest plans in a row
         self.decisions: list[tuple[float, int]] = []
         self.plan_scores: list[tuple[float, dict[int, float]]] = []
         self._last_switch = -np.inf
@@ -138,7 +139,7 @@ class Prorsa(Policy):
                         update_every=self._scaled(run.trajectories_per_step) if run.mode == "async" else 0,
                         total=self._scaled(run.total_trajectories), staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
-                               run.mode)
+                               run.mode, self.confirm_plans, self.switch_rule)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
         self.families = sorted(run.priors)
         decode = cost_model(planned, Role.DECODE)   # time per token before any is observed: a batch of 32
@@ -267,11 +268,17 @@ class Prorsa(Policy):
         n = len(planned.engines)
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
         target = self._cluster_split(d.split)
-        switch = d.switch and target != current and self._checked(planned, d, at, sampler, rng, part)
-        self._wanted = (self._wanted + [target])[-self.confirm_plans:] if switch else []
-        if not switch or self._wanted.count(target) < self.confirm_plans:
+        wants = d.switch and target != current
+        switch = wants and self._checked(planned, d, at, sampler, rng, part)
+        if wants and not switch:
+            self.planner.reject(d.split)
+        # `consecutive`: this many plans in a row want the target; `evidence`: the planner's sum of them
+        needed = self.confirm_plans if self.switch_rule == "consecutive" else 1
+        self._wanted = (self._wanted + [target])[-needed:] if switch else []
+        if not switch or self._wanted.count(target) < needed:
             return None
         self._wanted = []
+        self.planner.reset()
         self._last_switch = view.now
         self.decisions.append((view.now, target))
         log.info("t=%.1f switch %s -> %s (predicted %.1f s -> %.1f s)", view.now, split_name(current, len(view.engines)),
@@ -333,6 +340,7 @@ class Prorsa(Policy):
         second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s).
         With `forecast: false` nothing is planned here: the plan is a forecast of the next batch, and
         before a step nothing is under way to plan from (the ablation's "present turns only")."""
+        self.planner.reset()   # switch evidence from the last step's tail is not about the next batch
         current = current_split(view)
         mix = self._next_step_mix()
         guessed = self._start_guessed and self.tracker.started > 0

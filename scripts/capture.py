@@ -24,9 +24,8 @@ SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_syn
             "capture_flip_async_reverse")
 # Held out from the design of Prorsa's switch rule (Planner.weigh), each committed before its first run:
 # seeds 3-5 of the two settings where the oracle gained, and a setting of its own at seeds 0-2.
-HELD_OUT = {("capture_flip_async", 3), ("capture_flip_async", 4), ("capture_flip_async", 5),
-            ("capture_flip_async_drain", 3), ("capture_flip_async_drain", 4), ("capture_flip_async_drain", 5),
-            ("capture_flip_async_reverse", 0), ("capture_flip_async_reverse", 1), ("capture_flip_async_reverse", 2)}
+HELD_OUT = {*((s, seed) for s in ("capture_flip_async", "capture_flip_async_drain") for seed in (3, 4, 5)),
+            *(("capture_flip_async_reverse", seed) for seed in (0, 1, 2))}
 SPLITS = "1,2,3,4,5,6,7"
 ORACLE = ["policy=oracle_pd", "policy.decision_interval_s=50"]   # fork and compare every 50 simulated s
 MIN_ORACLE_GAIN = 0.03   # settings where the oracle beats hindsight_best by at least this share count
@@ -55,17 +54,21 @@ def table(out: Path) -> pd.DataFrame:
                 continue   # not every static, no oracle or no evidence-rule run at this seed
             best, o, e = st.loc[st.rollout_time_s.idxmin()], orc.iloc[0], ev.iloc[0]
             gain = best.rollout_time_s - o.rollout_time_s
+
+            def against_best(run_s: float) -> tuple[float, float]:
+                """(best static / run, the share of the oracle's gain the run captures; nan: no gain)."""
+                captured = (best.rollout_time_s - run_s) / gain if gain > 0 else float("nan")
+                return best.rollout_time_s / run_s, captured
+            (prorsa_vs_best, captured), (evidence_vs_best, evidence_captured) = map(
+                against_best, (p.rollout_time_s, e.rollout_time_s))
             rows.append({"setting": setting, "seed": p.seed, "held_out": (setting, p.seed) in HELD_OUT,
                          "hindsight_best_s": best.rollout_time_s,
                          "best_static": best.split, "oracle_s": o.rollout_time_s, "oracle_switches": o.switches,
                          "prorsa_s": p.rollout_time_s, "prorsa_switches": p.switches,
                          "oracle_gain": gain / best.rollout_time_s,
-                         "prorsa_vs_best": best.rollout_time_s / p.rollout_time_s,
-                         "captured": (best.rollout_time_s - p.rollout_time_s) / gain if gain > 0 else float("nan"),
+                         "prorsa_vs_best": prorsa_vs_best, "captured": captured,
                          "evidence_s": e.rollout_time_s, "evidence_switches": e.switches,
-                         "evidence_vs_best": best.rollout_time_s / e.rollout_time_s,
-                         "evidence_captured": (best.rollout_time_s - e.rollout_time_s) / gain if gain > 0
-                         else float("nan"),
+                         "evidence_vs_best": evidence_vs_best, "evidence_captured": evidence_captured,
                          "wape_prefill": p.wape_prefill, "wape_decode": p.wape_decode,
                          "prorsa_wall_s": p.wall_time_s})
     df = pd.DataFrame(rows)

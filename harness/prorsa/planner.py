@@ -238,10 +238,10 @@ class Planner:
         that each beat staying by h are enough, as are more plans that each beat it by between h / 2
         and h (a gain that persists while the best target changes from plan to plan), while gains
         under h / 2 never add up. A candidate not run this plan adds the gain it is sure not to exceed
-        where its run was cut at a `bounds` score above staying's, else 0. Why: on capture_flip_async_drain seed 1
-        the fresh-sample checks put colocation 6-15% ahead of 1P7D at 470, 490, 510 and 530 s, but the
-        plans in between did not, so two consecutive plans never agreed (REPRODUCE.md, "Switches
-        against the oracle")."""
+        where its run was cut at a `bounds` score above staying's, else 0. Why: on
+        capture_flip_async_drain seed 1 the fresh-sample checks put colocation 6-15% ahead of 1P7D at 470,
+        490, 510 and 530 s, but the plans in between did not, so two consecutive plans never agreed
+        (REPRODUCE.md, "Switches against the oracle")."""
         if self.switch_rule == "consecutive":
             return [k for k in scores if k != current and scores[k] < scores[current] * (1 - self.hysteresis)]
         if current != self._weighed_at:

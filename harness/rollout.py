@@ -16,6 +16,7 @@ turn runs and, every control interval, which role each engine should have; the b
 from __future__ import annotations
 
 import math
+import resource
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -50,9 +51,16 @@ STALE_ENDED_SHARE = 0.5
 class PlanRecord:
     """One plan of the policy: when it was asked for, its cost and whether its decision was applied."""
     t: float                        # the instant the plan started from
-    cpu_s: float                    # CPU seconds the plan's computation took (measured)
+    cpu_s: float                    # CPU seconds the plan took, its forked workers included (measured)
     latency_s: float = math.nan     # from `t` to its decision's application (simulated: charged; real: waited)
     dropped_stale: bool = False     # the state moved too far before it could apply (RolloutDriver._stale)
+
+
+def plan_cpu_s() -> float:
+    """CPU seconds of this thread and of the child processes waited for so far: a plan's cost, where
+    it may run its independent what-ifs on forked workers (harness/prorsa/workers.py)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.thread_time() + children.ru_utime + children.ru_stime
 
 
 @dataclass(frozen=True)
@@ -411,8 +419,8 @@ class RolloutDriver:
             self._held = []
 
         def work() -> tuple[dict[int, Role] | None, float]:
-            t0 = time.thread_time()
-            return self.policy.plan(asked.view), time.thread_time() - t0
+            t0 = plan_cpu_s()
+            return self.policy.plan(asked.view), plan_cpu_s() - t0
 
         def returned(result: tuple[dict[int, Role] | None, float]) -> None:
             wanted, cpu = result

@@ -325,6 +325,7 @@ class ProrsaSchema:
     plan_latency: Any = key(allowed="model, or a number of seconds >= 0")   # checked by Prorsa (a union)
     plan_events_per_s: float = key(gt=0)
     plan_engines: int = key(ge=2)
+    plan_workers: Any = key(allowed="auto, or an integer >= 1")   # checked by Prorsa (a union)
     model: PlanningModelSchema = key()
     priors: str = key(choices=("workload", "none"))
     seed: int = key(ge=0)

@@ -365,6 +365,8 @@ class ScriptedWhatIf:
     """A performance model that predicts given scores per number of prefill engines (a test double
     for the planner's decision rule; the simulator-backed model is tested above)."""
 
+    events = 0   # the simulator events its runs took (WhatIf.events)
+
     def __init__(self, by_split):
         self.by_split = by_split
 
@@ -378,6 +380,8 @@ class ScriptedWhatIf:
 class MixWhatIf:
     """A performance model whose scores depend on the family of the new trajectories (`table`: family ->
     split -> score): a test double for the planner's hedging rules."""
+
+    events = 0   # the simulator events its runs took (WhatIf.events)
 
     def __init__(self, table):
         self.table = table
@@ -411,6 +415,8 @@ def test_planner_takes_the_nearest_of_equally_good_splits():
 class SampleWhatIf:
     """A performance model whose scores depend on the sample (`table`: family of the first future ->
     split -> score): a test double for the sync check's averaging and pairing."""
+
+    events = 0   # the simulator events its runs took (WhatIf.events)
 
     def __init__(self, table):
         self.table, self.runs = table, []
@@ -1371,6 +1377,8 @@ def test_next_step_of_the_forecast_is_the_next_batch_in_its_mix():
 
 class EndsWhatIf:
     """A performance model with a mean end and a last end per split (`table`: split -> (mean, last))."""
+
+    events = 0   # the simulator events its runs took (WhatIf.events)
 
     def __init__(self, table):
         self.table = table

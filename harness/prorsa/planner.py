@@ -29,6 +29,7 @@ from harness.prorsa.estimate import product_limit
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
+from harness.prorsa.workers import PlanWorkers
 
 PRIOR_POINTS = 199
 
@@ -110,8 +111,9 @@ class Decision:
 
 class Planner:
     def __init__(self, cluster: ClusterConfig, whatif: WhatIf, hysteresis: float, allow_colocated: bool,
-                 max_candidates: int, mode: str = "sync", confirm_plans: int = 1, switch_rule: str = "consecutive"):
-        self.cluster, self.whatif, self.mode = cluster, whatif, mode
+                 max_candidates: int, mode: str = "sync", confirm_plans: int = 1, switch_rule: str = "consecutive",
+                 workers: PlanWorkers = PlanWorkers(1)):
+        self.cluster, self.whatif, self.mode, self.workers = cluster, whatif, mode, workers
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates, self.confirm_plans, self.switch_rule = max_candidates, confirm_plans, switch_rule
         self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
@@ -137,6 +139,18 @@ class Planner:
         return self.score(self.whatif.run(futures, roles_now, roles, new, max_in_flight,
                                           on_mean_end=self.on_mean_end(to_end), launched_as=launched,
                                           step_start=step_start), to_end)
+
+    def runs(self, run: Callable[..., float], tasks: list[tuple]) -> list[float]:
+        """`[run(*task) for task in tasks]` for independent what-if runs, on the plan's workers
+        (workers.py); the what-if events they took are counted as if run here."""
+        base = self.whatif.events
+
+        def counted(task: tuple) -> tuple[float, int]:
+            before = self.whatif.events
+            return run(*task), self.whatif.events - before
+        out = self.workers.map(counted, tasks)
+        self.whatif.events = base + sum(events for _, events in out)
+        return [score for score, _ in out]
 
     def candidates(self, current: int) -> list[int]:
         """Colocation and the splits; on big clusters the ones near the present split and a coarse grid."""
@@ -280,11 +294,10 @@ class Planner:
         now_roles = [e.role for e in view.engines]
         target = [decision.roles[e.engine_id] for e in view.engines]
         launched = view.launched_roles()
-        stay, move = [], []
-        for futures, new in samples:
-            for roles, scores in ((now_roles, stay), (target, move)):
-                scores.append(self.scored_run(futures, now_roles, roles, new, max_in_flight, launched, to_end))
-        return float(np.mean(stay)), float(np.mean(move))
+        scores = self.runs(lambda futures, new, roles: self.scored_run(futures, now_roles, roles, new, max_in_flight,
+                                                                       launched, to_end),
+                           [(futures, new, roles) for futures, new in samples for roles in (now_roles, target)])
+        return float(np.mean(scores[0::2])), float(np.mean(scores[1::2]))
 
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
                 hedges: list[list[FutureTrajectory]] = (), more: Callable[[], list[FutureTrajectory]] | None = None,
@@ -335,18 +348,20 @@ class Planner:
             # each sample's critical-path floor is below every candidate's score on it: when staying's mean
             # is that close to the floors' mean, the rules below keep `stay` whatever the other candidates
             # score, so they are not run
-            own[stay] = [run(stay, new) for new in samples]
+            own[stay] = self.runs(run, [(stay, new) for new in samples])
             mean = float(np.mean(own[stay]))
             floor = float(np.mean([critical_path_floor(new, self.decode_floor_s) for new in samples]))
             if (floor >= mean * (1 - self.hysteresis) if current is not None
                     else mean <= floor * (1 + INITIAL_TOLERANCE)):
                 self._last = {stay: mean}
                 return stay, {stay: mean}
-        per = {k: own.get(k) or [run(k, new) for new in samples] for k in splits}
+        todo = [k for k in splits if k not in own]
+        flat = iter(self.runs(run, [(k, new) for k in todo for new in samples]))
+        per = {k: own.get(k) or [next(flat) for _ in samples] for k in splits}
         while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
             new = more()
-            for k in splits:
-                per[k].append(run(k, new))
+            for k, score in zip(splits, self.runs(run, [(k, new) for k in splits])):
+                per[k].append(score)
         scores = {k: float(np.mean(v)) for k, v in per.items()}
         self._last = scores
         best = min(scores, key=lambda k: (scores[k], k))
@@ -360,7 +375,8 @@ class Planner:
             if COLOCATED in scores and scores[COLOCATED] <= scores[best] * (1 + INITIAL_TOLERANCE):
                 return COLOCATED, scores
             return best, scores
-        mixes = [scores] + [{k: run(k, h) for k in splits} for h in hedges]
+        hedged = iter(self.runs(run, [(k, h) for h in hedges for k in splits]))
+        mixes = [scores] + [{k: next(hedged) for k in splits} for _ in hedges]
         regret = {k: max(m[k] / min(m.values()) for m in mixes) for k in splits}
         return min(splits, key=lambda k: (regret[k], scores[k], k)), scores
 

@@ -47,6 +47,7 @@ from harness.prorsa.planner import Decision, Planner, decode_left, future_sample
 from harness.prorsa.slice import ClusterSlice, cluster_split, scaled
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
+from harness.prorsa.workers import PlanWorkers
 from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
 from harness.routing import Balance, PrefixTracker
 from harness.sim.backend import nested_runs
@@ -90,8 +91,8 @@ class Prorsa(Policy):
                  confirm_plans: int = 2, switch_rule: str = "consecutive", check_samples: int = 4,
                  priority: str = "fcfs",
                  mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
-                 plan_events_per_s: float = 85000.0, plan_engines: int = 32, model: Mapping | None = None,
-                 priors: str = "workload", seed: int = 0, name: str = "prorsa"):
+                 plan_events_per_s: float = 85000.0, plan_engines: int = 32, plan_workers: int | str = "auto",
+                 model: Mapping | None = None, priors: str = "workload", seed: int = 0, name: str = "prorsa"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -107,6 +108,7 @@ class Prorsa(Policy):
                              "seconds >= 0")
         self.plan_latency, self.plan_events_per_s = plan_latency, plan_events_per_s
         self.plan_engines = plan_engines
+        self.workers = PlanWorkers.of(plan_workers)
         self.slice_share = 1.0   # the share of the cluster a plan simulates (slice.py); 1: the whole cluster
         self.model, self.priors = PlanningModel.of(model), priors
         self._planned_events: int | None = None   # what-if events of the last `plan` call's plan (None: none made)
@@ -139,7 +141,7 @@ class Prorsa(Policy):
                         update_every=self._scaled(run.trajectories_per_step) if run.mode == "async" else 0,
                         total=self._scaled(run.total_trajectories), staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
-                               run.mode, self.confirm_plans, self.switch_rule)
+                               run.mode, self.confirm_plans, self.switch_rule, self.workers)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
         self.families = sorted(run.priors)
         decode = cost_model(planned, Role.DECODE)   # time per token before any is observed: a batch of 32

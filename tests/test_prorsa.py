@@ -470,6 +470,35 @@ def test_initial_plan_takes_colocation_within_the_tolerance():
     assert start(99.0) == COLOCATED
 
 
+def test_initial_plan_samples_no_further_the_candidates_out_of_reach():
+    """Colocation and 1P are within 1 s of each other on every sample, so the choice stays open to the
+    last sample (6). 2P ends 50 s later and 3P 100 s later than colocation on each of the first three:
+    their paired intervals lie wholly above the hysteresis (5 s), so they run on those three alone. The
+    start is colocation, whose mean is within INITIAL_TOLERANCE (1%) of 1P's: (100+102+98+101+99+100)/6
+    = 100 against (100.5+101+99.5+100+100+99.5)/6 = 100.08."""
+    noise = [0.0, 2.0, -2.0, 1.0, -1.0, 0.0]
+    one_p = [100.5, 101.0, 99.5, 100.0, 100.0, 99.5]
+    table = {f"s{i}": {COLOCATED: 100.0 + noise[i], 1: one_p[i], 2: 150.0 + noise[i] / 2, 3: 200.0 - noise[i]}
+             for i in range(6)}
+    class Recorded(MixWhatIf):
+        runs: list = []
+
+        def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
+            self.runs.append((new[0].family, sum(r == Role.PREFILL for r in roles) or COLOCATED))
+            return super().run(futures, roles_now, roles, new, max_in_flight, **bound)
+    whatif = Recorded(table)
+    planner = Planner(cluster_of(HEAVY), whatif, hysteresis=0.05, allow_colocated=True, max_candidates=8,
+                      mode="async")
+    drawn = iter(range(3, 6))
+    split, scores = planner.initial([one_new(f"s{i}") for i in range(3)], 8, more=lambda: one_new(f"s{next(drawn)}"),
+                                    max_samples=6)
+    runs = {k: sum(1 for _, s in whatif.runs if s == k) for k in (COLOCATED, 1, 2, 3)}
+    assert runs == {COLOCATED: 6, 1: 6, 2: 3, 3: 3}
+    assert split == COLOCATED
+    assert scores[COLOCATED] == pytest.approx(100.0) and scores[1] == pytest.approx(600.5 / 6)
+    assert scores[2] == pytest.approx(150.0) and scores[3] == pytest.approx(200.0)
+
+
 def test_switcher_moves_the_cheapest_engines_to_drain():
     P, D, C = Role.PREFILL, Role.DECODE, Role.COLOCATED
     view = engines([P, D, D, D], decoding=[0, 9, 2, 5])
@@ -1008,10 +1037,24 @@ def test_still_open_known_answers():
     mean 1, two standard errors 8.1, so it may be 7 better, over 1% of 100): open. One sample: open.
     A candidate beyond the hysteresis of the best is not a contender."""
     from harness.prorsa.planner import still_open
-    assert not still_open({0: [100, 100, 100], 1: [104, 105, 106]}, 0.05)
-    assert still_open({0: [100, 100, 100], 1: [94, 101, 108]}, 0.05)
-    assert still_open({0: [100], 1: [104]}, 0.05)
-    assert not still_open({0: [100, 100, 100], 1: [94, 111, 128]}, 0.05)   # mean 111: > 5% behind
+    assert not still_open({0: [100, 100, 100], 1: [104, 105, 106]}, [0, 1], 0.05)
+    assert still_open({0: [100, 100, 100], 1: [94, 101, 108]}, [0, 1], 0.05)
+    assert still_open({0: [100], 1: [104]}, [0, 1], 0.05)
+    assert not still_open({0: [100, 100, 100], 1: [94, 111, 128]}, [0, 1], 0.05)   # mean 111: > 5% behind
+
+
+def test_out_of_reach_known_answers():
+    """Against the leader 0 (100 on each sample): differences 8, 10, 12 (mean 10, standard deviation 2,
+    t(2) = 4.303: lower end 10 - 4.303 x 2 / sqrt(3) = 5.03 > 5% of 100): out of reach. Differences 7, 10,
+    13 (deviation 3: lower end 2.55): in reach. Over the first two samples only, when a candidate still
+    sampled has run no more: 8 and 10 (lower end 9 - 12.706 x 1.414 / sqrt(2) < 5): in reach. The
+    leader is never out of reach."""
+    from harness.prorsa.planner import out_of_reach
+    per = {0: [100, 100, 100], 1: [108, 110, 112], 2: [107, 110, 113]}
+    assert out_of_reach(per, [0, 1, 2], 1, 0.05) and not out_of_reach(per, [0, 1, 2], 2, 0.05)
+    assert not out_of_reach(per, [0, 1, 2], 0, 0.05)
+    per[3] = [100, 100]
+    assert not out_of_reach(per, [0, 1, 3], 1, 0.05)
 
 
 def test_still_open_uses_student_t_for_few_samples():
@@ -1024,7 +1067,7 @@ def test_still_open_uses_student_t_for_few_samples():
     from harness.stats import t975
     assert t975(5) == 2.571 and t975(1) == 12.706 and t975(30) == 2.042 and t975(31) == 1.960
     per = {3: [4.233, 1.751, 2.014, 2.55, 2.166, 2.528], 0: [4.316, 1.657, 2.015, 2.64, 2.251, 2.563]}
-    assert still_open(per, 0.05)
+    assert still_open(per, [3, 0], 0.05)
     d = np.subtract(per[0], per[3])
     assert d.mean() - 2 * d.std(ddof=1) / np.sqrt(6) > -0.01 * np.mean(per[3])   # two standard errors: closed
 

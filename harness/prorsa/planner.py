@@ -311,6 +311,10 @@ class Planner:
         moe_h200_sglang, 3 samples put 2P6D 2% ahead of colocation, 12 put colocation 2% ahead;
         the measured step took 116.8 s at 2P6D and 109.3 s colocated. A start within
         `INITIAL_TOLERANCE` of the best is as good; colocation is taken where it is one of them.
+        Every candidate runs on the first `RACE_AFTER` samples; later samples (given or added) go
+        only to the candidates the choice is open between: one that ends later than the best by more
+        than the hysteresis, by its paired interval, is sampled no further (`out_of_reach`), and the
+        best is one of those sampled to the end.
 
         `hedges`: other task mixes the run may move to (one sample each). When given, the start is the
         allocation whose worst ratio to the best allocation of any mix (the expected one or a hedge) is
@@ -355,16 +359,26 @@ class Planner:
                     else mean <= floor * (1 + INITIAL_TOLERANCE)):
                 self._last = {stay: mean}
                 return stay, {stay: mean}
-        todo = [k for k in splits if k not in own]
-        flat = iter(self.runs(run, [(k, new) for k in todo for new in samples]))
-        per = {k: own.get(k) or [next(flat) for _ in samples] for k in splits}
-        while more is not None and len(per[splits[0]]) < max_samples and still_open(per, self.hysteresis):
-            new = more()
-            for k, score in zip(splits, self.runs(run, [(k, new) for k in splits])):
+        per = {k: own.get(k, []) for k in splits}
+        samples = list(samples)
+
+        def sample_all(live: list[int], upto: int) -> None:
+            """Every candidate of `live` on the samples up to `upto` it has not run yet."""
+            todo = [(k, i) for k in live for i in range(len(per[k]), upto)]
+            for (k, _), score in zip(todo, self.runs(run, [(k, samples[i]) for k, i in todo])):
                 per[k].append(score)
+        live = splits   # the candidates still sampled (`out_of_reach`)
+        sample_all(live, min(RACE_AFTER, len(samples)))
+        for upto in range(RACE_AFTER + 1, len(samples) + 1):
+            live = [k for k in live if not out_of_reach(per, live, k, self.hysteresis)]
+            sample_all(live, upto)
+        while more is not None and len(samples) < max_samples and still_open(per, live, self.hysteresis):
+            live = [k for k in live if not out_of_reach(per, live, k, self.hysteresis)]
+            samples.append(more())
+            sample_all(live, len(samples))
         scores = {k: float(np.mean(v)) for k, v in per.items()}
         self._last = scores
-        best = min(scores, key=lambda k: (scores[k], k))
+        best = min(live, key=lambda k: (scores[k], k))
         if current is not None:
             return (best if scores[best] < scores[current] * (1 - self.hysteresis) else current), scores
         if not hedges:
@@ -372,7 +386,7 @@ class Planner:
             # nothing on a split's costs the samples may miss (a long chain's decodes on fewer decode
             # engines). Measured: tooluse on moe_h200 at 4 prompts per step, 1P7D 0.4% ahead of colocation
             # in the plan; colocation ran 0.6-2.2% faster at each of seeds 1-7.
-            if COLOCATED in scores and scores[COLOCATED] <= scores[best] * (1 + INITIAL_TOLERANCE):
+            if COLOCATED in live and scores[COLOCATED] <= scores[best] * (1 + INITIAL_TOLERANCE):
                 return COLOCATED, scores
             return best, scores
         hedged = iter(self.runs(run, [(k, h) for h in hedges for k in splits]))
@@ -415,7 +429,27 @@ def critical_path_floor(futures: list[FutureTrajectory], decode_floor: float) ->
 INITIAL_TOLERANCE = 0.01   # a start this close to the best one is as good (a share of the best score)
 
 
-def still_open(per: dict[int, list[float]], hysteresis: float) -> bool:
+RACE_AFTER = 3   # every start candidate runs on this many samples; later ones go to those in reach
+
+
+def paired_interval(per: dict[int, list[float]], k: int, best: int, n: int) -> tuple[float, float]:
+    """The 95% interval (Student's t) of candidate `k`'s mean score less `best`'s over their first `n`
+    samples (paired: each sample's futures are common to both); needs two samples."""
+    d = np.asarray(per[k][:n]) - np.asarray(per[best][:n])
+    half = t975(n - 1) * d.std(ddof=1) / np.sqrt(n)
+    return float(d.mean() - half), float(d.mean() + half)
+
+
+def leader(per: dict[int, list[float]], live: list[int]) -> tuple[int, int, float]:
+    """Of the candidates still sampled, the one with the best mean over the samples they all ran: it,
+    that count and that mean."""
+    n = min(len(per[k]) for k in live)
+    means = {k: float(np.mean(per[k][:n])) for k in live}
+    best = min(means, key=lambda k: (means[k], k))
+    return best, n, means[best]
+
+
+def still_open(per: dict[int, list[float]], live: list[int], hysteresis: float) -> bool:
     """Whether a candidate within `hysteresis` of the best mean score may still be better than it by
     more than INITIAL_TOLERANCE: the lower end of its paired difference's 95% interval (Student's t:
     the spread is estimated from these few samples) lies below minus that tolerance. Needs two samples
@@ -424,15 +458,17 @@ def still_open(per: dict[int, list[float]], hysteresis: float) -> bool:
     closed the choice (a bound of -0.0251 s against -0.0254 s); over the first 120 samples of the same
     stream 3P5D is 3.6% behind (ahead in 12% of them), and the run took 5.53 s against colocation's
     5.31 s. With t(5) = 2.571 the choice stays open and the start is colocation (5.31 s)."""
-    means = {k: float(np.mean(v)) for k, v in per.items()}
-    best = min(means, key=lambda k: (means[k], k))
-    n = len(per[best])
+    best, n, top = leader(per, live)
     if n < 2:
         return True
-    for k, m in means.items():
-        if k == best or not m <= means[best] * (1 + hysteresis):
-            continue
-        d = np.asarray(per[k]) - np.asarray(per[best])
-        if d.mean() - t975(n - 1) * d.std(ddof=1) / np.sqrt(n) < -INITIAL_TOLERANCE * means[best]:
-            return True
-    return False
+    return any(paired_interval(per, k, best, n)[0] < -INITIAL_TOLERANCE * top
+               for k in live if k != best and np.mean(per[k][:n]) <= top * (1 + hysteresis))
+
+
+def out_of_reach(per: dict[int, list[float]], live: list[int], k: int, hysteresis: float) -> bool:
+    """Whether candidate `k` ends later than the leader of those still sampled by more than
+    `hysteresis`, by the lower end of their paired difference's 95% interval: no rule of the start
+    can then take it, so it is sampled no further (a race: the samples go to the candidates the
+    choice is open between)."""
+    best, n, top = leader(per, live)
+    return k != best and n >= 2 and paired_interval(per, k, best, n)[0] > hysteresis * top

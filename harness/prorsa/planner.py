@@ -432,12 +432,11 @@ INITIAL_TOLERANCE = 0.01   # a start this close to the best one is as good (a sh
 RACE_AFTER = 3   # every start candidate runs on this many samples; later ones go to those in reach
 
 
-def paired_interval(per: dict[int, list[float]], k: int, best: int, n: int) -> tuple[float, float]:
-    """The 95% interval (Student's t) of candidate `k`'s mean score less `best`'s over their first `n`
-    samples (paired: each sample's futures are common to both); needs two samples."""
+def paired_low(per: dict[int, list[float]], k: int, best: int, n: int) -> float:
+    """The lower end of the 95% interval (Student's t) of candidate `k`'s mean score less `best`'s over
+    their first `n` samples (paired: each sample's futures are common to both); needs two samples."""
     d = np.asarray(per[k][:n]) - np.asarray(per[best][:n])
-    half = t975(n - 1) * d.std(ddof=1) / np.sqrt(n)
-    return float(d.mean() - half), float(d.mean() + half)
+    return float(d.mean() - t975(n - 1) * d.std(ddof=1) / np.sqrt(n))
 
 
 def leader(per: dict[int, list[float]], live: list[int]) -> tuple[int, int, float]:
@@ -461,7 +460,7 @@ def still_open(per: dict[int, list[float]], live: list[int], hysteresis: float) 
     best, n, top = leader(per, live)
     if n < 2:
         return True
-    return any(paired_interval(per, k, best, n)[0] < -INITIAL_TOLERANCE * top
+    return any(paired_low(per, k, best, n) < -INITIAL_TOLERANCE * top
                for k in live if k != best and np.mean(per[k][:n]) <= top * (1 + hysteresis))
 
 
@@ -471,4 +470,4 @@ def out_of_reach(per: dict[int, list[float]], live: list[int], k: int, hysteresi
     can then take it, so it is sampled no further (a race: the samples go to the candidates the
     choice is open between)."""
     best, n, top = leader(per, live)
-    return k != best and n >= 2 and paired_interval(per, k, best, n)[0] > hysteresis * top
+    return k != best and n >= 2 and paired_low(per, k, best, n) > hysteresis * top

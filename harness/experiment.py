@@ -45,6 +45,7 @@ from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult
 from harness.serve import TokenTimes, check_serve, serve_metrics
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.progress import Progress
+from harness.ticks import event_count
 from harness.timeseries import ClusterSampler
 from harness.trajectory import TURN_COLUMNS
 from harness.wandb_logger import RESULT_FILES
@@ -368,7 +369,7 @@ def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, workload: Workload,
         "step_times_s": [b - a for a, b in result.step_windows],
         "wall_time_s": wall_s,
     }
-    events = getattr(getattr(backend, "loop", None), "events_processed", None)   # the simulator's only
+    events = event_count(backend)   # the simulator's only
     if events is not None:
         summary["sim_events"] = events
     summary.update(turn_latency_percentiles(df))

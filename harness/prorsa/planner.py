@@ -368,14 +368,16 @@ class Planner:
             for (k, _), score in zip(todo, self.runs(run, [(k, samples[i]) for k, i in todo])):
                 per[k].append(score)
         live = splits   # the candidates still sampled (`out_of_reach`)
-        sample_all(live, min(RACE_AFTER, len(samples)))
-        for upto in range(RACE_AFTER + 1, len(samples) + 1):
+        done = min(RACE_AFTER, len(samples))   # the samples every candidate of `live` has run
+        sample_all(live, done)
+        # the next sample: one given, or one drawn while the choice is open
+        while done < len(samples) or (
+                more is not None and done < max_samples and still_open(per, live, self.hysteresis)):
             live = [k for k in live if not out_of_reach(per, live, k, self.hysteresis)]
-            sample_all(live, upto)
-        while more is not None and len(samples) < max_samples and still_open(per, live, self.hysteresis):
-            live = [k for k in live if not out_of_reach(per, live, k, self.hysteresis)]
-            samples.append(more())
-            sample_all(live, len(samples))
+            if done == len(samples):
+                samples.append(more())
+            done += 1
+            sample_all(live, done)
         scores = {k: float(np.mean(v)) for k, v in per.items()}
         self._last = scores
         best = min(live, key=lambda k: (scores[k], k))

@@ -68,6 +68,21 @@ class ClusterConfig:
     decode_time_scale: float = 1.0
     # Weights in bf16 or fp8 (harness/perf/catalogue.py WEIGHT_BYTES); `model.weight_dtype` is set from it.
     weight_dtype: str = "bf16"
+    # Each simulated sequence stands for this many alike ones (`weighted`): not a config key, set on the
+    # cluster a planner simulates thinned (harness/prorsa/slice.py). 1: every sequence is simulated.
+    sequence_weight: int = 1
+
+    def weighted(self, weight: int) -> ClusterConfig:
+        """This cluster as a thinned simulation sees it, each sequence standing for `weight`: step times
+        count every sequence, token and request `weight` times (harness/perf/weighted.py), a KV transfer
+        moves `weight` sequences' bytes, and the per-rank limits (sequences, token budgets, CUDA-graph
+        batch, the router's request margin) are divided by `weight`, so a thinned rank fills as a full one."""
+        def per(limit: int) -> int:
+            return max(1, -(-limit // weight)) if limit > 0 else limit
+        return replace(self, sequence_weight=self.sequence_weight * weight,
+                       max_num_seqs=per(self.max_num_seqs), max_num_batched_tokens=per(self.max_num_batched_tokens),
+                       chunked_prefill_size=per(self.chunked_prefill_size), cuda_graph_max_bs=per(self.cuda_graph_max_bs),
+                       router_balance_abs_requests=per(self.router_balance_abs_requests))
 
     @property
     def prefill_budget(self) -> int:
@@ -188,12 +203,15 @@ def parallel_cost_model(cluster: ClusterConfig, par: Parallelism, contended: boo
     from harness.perf.profiled import ProfiledCostModel
     from harness.perf.roofline import RooflineCostModel
     from harness.perf.scaled import ScaledCostModel
+    from harness.perf.weighted import WeightedCostModel
     if contended or cluster.cost_model == "profiled":
         profile = cluster.contended_profile if contended else cluster.profile
         assert profile is not None   # loaded in cluster_from_config
         model = ProfiledCostModel(profile.fit, cluster.model, cluster.gpu, cluster.perf, par)
     else:
         model = RooflineCostModel(cluster.model, cluster.gpu, cluster.perf, par)
+    if cluster.sequence_weight > 1:
+        model = WeightedCostModel(model, cluster.sequence_weight)
     if cluster.prefill_time_scale == 1.0 and cluster.decode_time_scale == 1.0:
         return model
     return ScaledCostModel(model, cluster.prefill_time_scale, cluster.decode_time_scale)

@@ -326,6 +326,7 @@ class ProrsaSchema:
     plan_events_per_s: float = key(gt=0)
     plan_engines: int = key(ge=2)
     plan_workers: Any = key(allowed="auto, or an integer >= 1")   # checked by Prorsa (a union)
+    plan_per_engine: Optional[int] = key(ge=1, allowed="an integer >= 1 or null (every trajectory)")
     model: PlanningModelSchema = key()
     priors: str = key(choices=("workload", "none"))
     seed: int = key(ge=0)

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from harness.api import ClusterView, EngineState, Role, Route
 from harness.experiment import run_info
-from harness.prorsa.slice import ClusterSlice, cluster_split, scaled
+from harness.prorsa.slice import ClusterSlice, cluster_split, home, scaled, thinned
 from harness.allocation import COLOCATED, roles_for
 from harness.prorsa.tracker import Phase, TrajectoryState
 from harness.prorsa.whatif import FutureTrajectory, FutureTurn
@@ -46,10 +46,10 @@ def test_a_slice_keeps_the_trajectories_living_on_its_engines_renumbered():
     elsewhere = TrajectoryState(2, "f", 0.0, phase=Phase.TOOL)       # on engine 3: not
     routed = TrajectoryState(3, "f", 0.0, phase=Phase.DECODING)      # decoding on engine 4: kept
     routes = {3: Route(2, 4)}
-    assert [part.keeps(s, prefix, routes) for s in (tool, elsewhere, routed)] == [True, False, True]
+    assert part.kept([tool, elsewhere, routed], prefix, routes) == {1, 3}
     # none on any engine yet: the slice's share of them, by id
-    homeless = [part.keeps(TrajectoryState(t, "f", 0.0), prefix, {}) for t in range(10, 1610)]
-    assert abs(sum(homeless) / len(homeless) - part.share) < 0.03
+    homeless = part.kept([TrajectoryState(t, "f", 0.0) for t in range(10, 1610)], prefix, {})
+    assert abs(len(homeless) / 1600 - part.share) < 0.03
     turn = [FutureTurn(100, 0, 10, 0.0)]
     out = part.renumbered([FutureTrajectory(1, "f", 0.0, turn, decode_engine=9),
                            FutureTrajectory(3, "f", 0.0, turn, decode_engine=4, prefill_engine=2, route=Route(2, 4))])
@@ -58,9 +58,27 @@ def test_a_slice_keeps_the_trajectories_living_on_its_engines_renumbered():
     assert (out[1].decode_engine, out[1].prefill_engine, out[1].route) == (0, None, None)
 
 
-def start_split(engines: int, plan_engines: int) -> list[Role]:
+def test_thinning_keeps_each_engines_share_evenly_by_chain_longest_first():
+    """Weight 4. Engine 0 holds 8 trajectories whose chains (one turn: n tokens out at 1 s per decode
+    step after the first) are 1..8 s, engine 1 holds 6 of 1..6 s, and 2 have no engine (1 and 2 s).
+    By hand: engine 0 keeps round(8/4) = 2, positions 0 and 4 of its chains longest first (8 and 4 s);
+    engine 1 keeps round(6/4) = 2, positions 0 and 3 (6 and 3 s); the homeless keep 1, the longest."""
+    def ft(tid: int, chain: int, engine: int | None) -> FutureTrajectory:
+        return FutureTrajectory(tid, "f", 0.0, [FutureTurn(100, 0, chain + 1, 0.0)], decode_engine=engine)
+    futures = ([ft(100 + c, c, 0) for c in range(1, 9)] + [ft(200 + c, c, 1) for c in range(1, 7)]
+               + [ft(301, 1, None), ft(302, 2, None)])
+    kept = thinned(futures, 4, 1.0, stratum=home)
+    assert [f.trajectory_id for f in kept] == [104, 108, 203, 206, 302]
+    # GRPO groups kept whole: groups of 2 by id, chains (1, 8), (2, 3), (4, 5), (6, 7): weight 2 keeps
+    # positions 0 and 2 of the groups by their longest chain (8, 7, 5, 3 s)
+    group = [ft(i, c, None) for i, c in enumerate([1, 8, 2, 3, 4, 5, 6, 7])]
+    assert [f.trajectory_id for f in thinned(group, 2, 1.0, unit=lambda f: f.trajectory_id // 2)] == [0, 1, 4, 5]
+    assert thinned(futures, 1, 1.0) == futures
+
+
+def start_split(engines: int, plan_engines: int, *more: str) -> list[Role]:
     overrides = ["+experiment=heavy_prefill", "policy=prorsa", f"cluster.num_engines={engines}",
-                 f"policy.plan_engines={plan_engines}", "workload.batch_size=64"]
+                 f"policy.plan_engines={plan_engines}", "workload.batch_size=64", *more]
     cfg = load_config(overrides)
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     policy = instantiate(cfg.policy)
@@ -73,3 +91,55 @@ def test_the_slice_plans_the_start_the_whole_cluster_plans():
     whole, sliced = start_split(16, 16), start_split(16, 8)
     assert whole == sliced
     assert whole.count(Role.PREFILL) > whole.count(Role.DECODE)
+
+
+def test_a_thinned_plan_chooses_the_start_the_full_plan_chooses():
+    """heavy_prefill on 8 engines (64 prompts x 4 = 256 trajectories, 32 per engine): the full plan and
+    plans that simulate one trajectory in 2 and in 4 (`plan_per_engine` 16 and 8) choose the same
+    prefill-heavy start."""
+    full = start_split(8, 32)
+    assert full.count(Role.PREFILL) > full.count(Role.DECODE)
+    assert start_split(8, 32, "policy.plan_per_engine=16") == full
+    assert start_split(8, 32, "policy.plan_per_engine=8") == full
+
+
+def two_turns(tid: int) -> FutureTrajectory:
+    """A 500-token prompt, 50 tokens out, a 2-s tool call, then a 750-token prompt (550 cached), 30 out."""
+    return FutureTrajectory(tid, "f", 0.0, [FutureTurn(500, 0, 50, 2.0), FutureTurn(750, 550, 30, 0.0)])
+
+
+def test_one_weighted_trajectory_runs_as_the_identical_ones_it_stands_for():
+    """One colocated engine (DP1): four identical trajectories arriving together and one trajectory of
+    weight 4 take the same steps (the four prompts fit one step's budget, then they decode together),
+    so they end at the same instant. On 1P1D the weighted trajectory's KV moves as the four's bytes in
+    one transfer (one setup latency instead of four): within 1%."""
+    from harness.prorsa.whatif import WhatIf
+    colocated = cluster_of(["cluster=dense8_h100", "cluster.num_engines=1"])
+    roles = [Role.COLOCATED]
+    full = WhatIf(colocated, 5, 4.0).run([two_turns(t) for t in range(4)], roles, roles)
+    thinned = WhatIf(colocated, 5, 4.0)
+    thinned.weight = 4
+    one = thinned.run([two_turns(0)], roles, roles)
+    assert one.completion_s == full.completion_s and full.ends == [full.completion_s] * 4
+    # ... and later than one trajectory alone (its steps are a quarter of the batch)
+    assert WhatIf(colocated, 5, 4.0).run([two_turns(0)], roles, roles).completion_s < one.completion_s
+    pd = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
+    roles = [Role.PREFILL, Role.DECODE]
+    full = WhatIf(pd, 5, 4.0).run([two_turns(t) for t in range(4)], roles, roles)
+    thinned = WhatIf(pd, 5, 4.0)
+    thinned.weight = 4
+    assert abs(thinned.run([two_turns(0)], roles, roles).completion_s / full.completion_s - 1) < 0.01
+
+
+def test_a_weighted_cluster_divides_its_limits_and_multiplies_its_batches():
+    from harness.cluster import cost_model
+    from harness.perf.roofline import RankBatch
+    cluster = cluster_of(["cluster=dense8_h100"])
+    w = cluster.weighted(4)
+    assert (w.sequence_weight, w.max_num_seqs, w.max_num_batched_tokens) == (4, 64, 2048)
+    assert w.weighted(2).sequence_weight == 8
+    full, weighted = cost_model(cluster, Role.COLOCATED), cost_model(w, Role.COLOCATED)
+    assert weighted.kv_capacity_tokens(0.9, 0.0) == full.kv_capacity_tokens(0.9, 0.0) // 4
+    assert weighted.decode_step_time([3], [900]) == full.decode_step_time([12], [3600])
+    assert weighted.step_time([RankBatch(2, 400, 100, 50.0, 120, 3)]) == \
+        full.step_time([RankBatch(8, 1600, 400, 200.0, 480, 12)])

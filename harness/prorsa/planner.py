@@ -420,12 +420,8 @@ def decode_floor_s(cluster: ClusterConfig) -> float:
 
 
 def critical_path_floor(futures: list[FutureTrajectory], decode_floor: float) -> float:
-    """A lower bound on when the last of `futures` ends under any allocation: each trajectory waits for
-    its next turn to be ready, then makes every tool call and, per turn, every decode step after the
-    first token (which the prefill gives) at `decode_floor` at least; queueing, prefill and transfers
-    only add to it."""
-    return max((ft.ready_s + sum(t.tool_latency_s + max(t.output_tokens - 1, 0) * decode_floor for t in ft.turns)
-                for ft in futures), default=0.0)
+    """A lower bound on when the last of `futures` ends under any allocation (FutureTrajectory.chain_s)."""
+    return max((ft.chain_s(decode_floor) for ft in futures), default=0.0)
 
 
 INITIAL_TOLERANCE = 0.01   # a start this close to the best one is as good (a share of the best score)

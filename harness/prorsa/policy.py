@@ -19,7 +19,8 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
 A plan on a cluster of more than `plan_engines` engines simulates a slice of it (slice.py), and a plan
 whose phase is bound by its longest chain of tool calls runs the present allocation only (planner.py,
 `Planner.settled`), and the next plan waits while that bound keeps the choice closed: its cost does not
-grow with the cluster.
+grow with the cluster. With `plan_per_engine`, a plan also simulates one trajectory in as many as leave
+that many per engine, each standing for them all (slice.py): nor with the trajectories in flight.
 The run under the present allocation is the forecast (forecast.parquet: prefill tokens and decoding
 sequences per bin against what happened). The initial allocation is the planner's choice for a
 phase of trajectories sampled from the priors (`initial: plan`), or colocation (`initial: colocated`).
@@ -44,7 +45,7 @@ from harness.prorsa.forecaster import Forecast, Forecaster
 from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, decode_left, future_sampler
-from harness.prorsa.slice import ClusterSlice, cluster_split, scaled
+from harness.prorsa.slice import ClusterSlice, cluster_split, home, scaled, thinned
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.workers import PlanWorkers
@@ -92,7 +93,7 @@ class Prorsa(Policy):
                  priority: str = "fcfs",
                  mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
                  plan_events_per_s: float = 85000.0, plan_engines: int = 32, plan_workers: int | str = "auto",
-                 model: Mapping | None = None, priors: str = "workload", seed: int = 0, name: str = "prorsa"):
+                 plan_per_engine: int | None = None, model: Mapping | None = None, priors: str = "workload", seed: int = 0, name: str = "prorsa"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -108,6 +109,11 @@ class Prorsa(Policy):
                              "seconds >= 0")
         self.plan_latency, self.plan_events_per_s = plan_latency, plan_events_per_s
         self.plan_engines = plan_engines
+        if plan_per_engine is not None and not (isinstance(plan_per_engine, int) and plan_per_engine >= 1):
+            raise ValueError(f"policy.plan_per_engine={plan_per_engine!r} is invalid; allowed: null (every "
+                             "trajectory), or an integer >= 1")
+        self.plan_per_engine = plan_per_engine
+        self.weight = 1          # each trajectory a plan simulates stands for this many (`_simulate_at`)
         self.workers = PlanWorkers.of(plan_workers)
         self.slice_share = 1.0   # the share of the cluster a plan simulates (slice.py); 1: the whole cluster
         self.model, self.priors = PlanningModel.of(model), priors
@@ -137,12 +143,11 @@ class Prorsa(Policy):
         if cluster.num_engines > self.plan_engines:   # a slice of it (slice.py)
             planned = replace(planned, num_engines=self.plan_engines)
             self.slice_share = self.plan_engines / cluster.num_engines
-        whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins,
-                        update_every=self._scaled(run.trajectories_per_step) if run.mode == "async" else 0,
-                        total=self._scaled(run.total_trajectories), staleness=run.staleness)
+        whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins, staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode, self.confirm_plans, self.switch_rule, self.workers)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
+        self._simulate_at(run.max_in_flight)   # the start's phase holds this many at once
         self.families = sorted(run.priors)
         decode = cost_model(planned, Role.DECODE)   # time per token before any is observed: a batch of 32
         dp = decode.par.dp
@@ -168,9 +173,28 @@ class Prorsa(Policy):
         self._start_guessed = self.priors == "none"
         return roles_for(split, cluster.num_engines)
 
-    def _scaled(self, count: int) -> int:
-        """A count of trajectories as a plan samples it: at the slice's share on a sliced cluster."""
-        return scaled(count, self.slice_share)
+    def _simulate_at(self, count: int) -> None:
+        """Thin the plans that follow for `count` trajectories in play on the cluster: one in `weight`
+        is simulated, the most that leaves every engine `plan_per_engine` of them or more (1: all, as
+        without `plan_per_engine`); the what-if's engines count each as `weight` (slice.py)."""
+        per_engine = count / self.cluster.num_engines
+        self.weight = max(1, int(per_engine // self.plan_per_engine)) if self.plan_per_engine else 1
+        whatif = self.planner.whatif
+        whatif.weight = self.weight
+        whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.run.mode == "async" else 0
+        whatif.total = self._scaled(self.run.total_trajectories)
+
+    def _scaled(self, count: int, weight: int | None = None) -> int:
+        """A count of trajectories as a plan samples it: at the slice's share, one in `weight` (the
+        plan's) of them."""
+        return scaled(count, self.slice_share / (self.weight if weight is None else weight))
+
+    def _thinned(self, futures: list[FutureTrajectory], stratum=lambda ft: None,
+                 unit=lambda ft: ft.trajectory_id) -> list[FutureTrajectory]:
+        """One in the plan's `weight` of `futures`, by their chains (slice.py `thinned`)."""
+        if self.weight == 1:
+            return futures
+        return thinned(futures, self.weight, self.planner.decode_floor_s, stratum, unit)
 
     def _slice(self, view: ClusterView) -> ClusterSlice | None:
         """The engines a plan simulates on a cluster bigger than `plan_engines` (None: all of them)."""
@@ -233,6 +257,7 @@ class Prorsa(Policy):
 
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
+        self._simulate_at(len(self.tracker.live) + (self._starting() if self.run.mode == "async" else 0))
         self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
         self.planner.whatif.started = self._scaled(self.tracker.started)
         self.tracker.count_generated(view.now, view.generated_tokens())
@@ -294,10 +319,12 @@ class Prorsa(Policy):
               part: ClusterSlice | None) -> list[FutureTrajectory]:
         """The sampled futures of the live trajectories a plan simulates (those of the slice, if any)."""
         if part is None:
-            return sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
-        futures = sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes,
-                               keep=lambda s: part.keeps(s, self.prefix, self.routes))
-        return part.renumbered(futures)
+            futures = sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
+        else:
+            kept = part.kept(self.tracker.live.values(), self.prefix, self.routes)
+            futures = part.renumbered(sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes,
+                                                   keep=lambda s: s.trajectory_id in kept))
+        return self._thinned(futures, stratum=home)   # each engine keeps its share
 
     def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler,
                  rng: np.random.Generator, part: ClusterSlice | None) -> bool:
@@ -350,6 +377,7 @@ class Prorsa(Policy):
                 current == self._step_split and self._step_split_mix is not None and same_mix(mix, self._step_split_mix)
                 and not guessed):
             return None
+        self._simulate_at(self.run.max_in_flight)   # the step's batch
         part = self._slice(view)
         with nested_runs():
             split = self._cluster_split(self._initial_split(view if part is None else part.view(view), mix))
@@ -426,14 +454,15 @@ class Prorsa(Policy):
         return sampler.new(self.families, weights, count, -1 - count, rng)
 
     def _scheduled(self, sampler: FutureSampler, start: int, full: int, first_id: int, rng,
-                   group: int = 1) -> list[FutureTrajectory]:
-        """The run's trajectories `start` to `start + full` (at the slice's share), each in the declared
-        task mix of the batch it starts in."""
+                   group: int = 1, weight: int | None = None) -> list[FutureTrajectory]:
+        """The run's trajectories `start` to `start + full` (at the slice's share, one in `weight`), each
+        in the declared task mix of the batch it starts in."""
         out, per, k = [], self.run.trajectories_per_step, 0
         while k < full:                                    # the run's (start + k)-th trajectory to start
             step = min((start + k) // per, len(self.run.step_weights) - 1)
             n = min(full - k, (step + 1) * per - start - k)
-            out += sampler.new(self.families, self._step_mix(step), self._scaled(n), first_id + len(out), rng, group)
+            out += sampler.new(self.families, self._step_mix(step), self._scaled(n, weight), first_id + len(out),
+                               rng, group)
             k += n
         return out
 
@@ -524,7 +553,6 @@ class Prorsa(Policy):
         run = self.run
         full = run.trajectories_per_step if run.mode == "sync" else \
             min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
-        count = self._scaled(full)
         # a sample that is the whole run (async) is scored as a sync step is: by its last end, in GRPO
         # groups with each trajectory's output level, on `initial_max_samples` samples. Why: the run's
         # time is its last end, set by a few long chains of turns, which the allocation slows or speeds
@@ -541,17 +569,24 @@ class Prorsa(Policy):
         as_step = run.mode == "sync" or whole
         group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
+        # a sample scored by its last end is drawn whole, then thinned by GRPO groups (by their longest
+        # chains: slice.py); one scored by its mean end is drawn at the thinned count
+        drawn = 1 if as_step else None
+        count = self._scaled(full, drawn)
         if run.mode == "async" and self.mix_forecast == "schedule" and run.step_weights:
             # an async start's sample spans several batches: each in its declared mix, as plans draw them
-            def sample() -> list[FutureTrajectory]:
-                return self._scheduled(sampler, 0, full, 0, rng, group)
+            def draw() -> list[FutureTrajectory]:
+                return self._scheduled(sampler, 0, full, 0, rng, group, drawn)
         else:
-            def sample() -> list[FutureTrajectory]:
+            def draw() -> list[FutureTrajectory]:
                 return sampler.new(self.families, weights, count, 0, rng, group)
+
+        def sample() -> list[FutureTrajectory]:
+            return self._thinned(draw(), unit=lambda ft: ft.trajectory_id // group) if as_step else draw()
         samples = [sample() for _ in range(first)]
         hedges = []
         if present is None and self._hedged_start():   # also weigh each family alone
-            hedges = sampler.each_family_alone(self.families, count, 0, rng)
+            hedges = [self._thinned(h) if as_step else h for h in sampler.each_family_alone(self.families, count, 0, rng)]
         split, scores = self.planner.initial(samples, self._scaled(self.run.max_in_flight), hedges, sample,
                                              self.initial_max_samples, present, to_end=whole)
         self.plan_scores.append((now, scores))
@@ -566,13 +601,14 @@ class Prorsa(Policy):
         outs = self.tracker.outputs
         mean = {f: float(np.mean(v)) for f, v in outs.items() if v}
         futures = []
+        kept = part.kept(self.tracker.live.values(), self.prefix, self.routes) if part is not None else None
         for s in self.tracker.live.values():
-            if s.phase == Phase.TOOL or (part is not None and not part.keeps(s, self.prefix, self.routes)):
+            if s.phase == Phase.TOOL or (kept is not None and s.trajectory_id not in kept):
                 continue
             tokens = max(int(mean.get(s.family, self.run.priors[s.family].output_tokens.median)), 1)
             futures.append(FutureTrajectory.of_live(
                 s, 0.0, [FutureTurn(s.context, max(s.context - s.appended, 0), tokens, 0.0)], self.prefix, self.routes))
-        return futures if part is None else part.renumbered(futures)
+        return self._thinned(futures if part is None else part.renumbered(futures), stratum=home)
 
     def _tpot(self) -> float:
         seen = self.tracker.last_tpot()
@@ -580,7 +616,7 @@ class Prorsa(Policy):
 
     def _record(self, now: float, outcome) -> None:
         """The plan's run under the present allocation as the forecast (a slice's scaled to the cluster)."""
-        w, share = self.horizon_s / self.bins, self.slice_share
+        w, share = self.horizon_s / self.bins, self.slice_share / self.weight
         prefill, decode = outcome.prefill_tokens, outcome.decode_seqs
         if share < 1.0:
             prefill, decode = prefill / share, decode / share

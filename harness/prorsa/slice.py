@@ -8,9 +8,18 @@ id), and every count a plan samples (trajectories to start, `max_in_flight`, a s
 by the slice's share. A split chosen on the slice is scaled back to the cluster. This is the usual
 approximation of a data-parallel fleet by one of its replicas' groups: the router spreads load
 evenly, so a slice sees the cluster's per-engine load and its mix of work.
+
+A slice may also be thinned (`weight` > 1, `policy.plan_per_engine`): it simulates one trajectory in
+`weight` (`thinned`), on engines whose step times, limits and transfers count each sequence `weight`
+times (ClusterConfig.weighted), and samples every count of new trajectories at that share. A plan then
+costs what `plan_per_engine` trajectories per engine cost, however many the engines hold. Where a plan
+scores the last end (a sync step), that end is the tail of the trajectories' chains of turns and tool
+calls, which a subset drawn by id shortens (the longest of fewer): thinning keeps, per engine, the
+trajectories evenly spaced in the order of their sampled chains, the longest first.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 
 from harness.api import ClusterView, EngineState, Role, Route
@@ -34,6 +43,7 @@ class ClusterSlice:
 
     @property
     def share(self) -> float:
+        """The share of the cluster's engines simulated."""
         return len(self.ids) / self.full
 
     @classmethod
@@ -61,16 +71,18 @@ class ClusterSlice:
         engines = {e.engine_id: e for e in view.engines}
         return ClusterView(view.now, [replace(engines[cid], engine_id=i) for i, cid in enumerate(self.ids)])
 
-    def keeps(self, s: TrajectoryState, prefix: PrefixTracker, routes: dict[int, Route]) -> bool:
-        """Whether a live trajectory is simulated: its home engine (the decode engine of its turn under
-        way, else where its KV was last decoded, else prefilled) is in the slice; with no home yet, the
-        slice's share of such trajectories, by id."""
-        tid = s.trajectory_id
-        route = routes.get(tid) if s.phase in ROUTED else None
-        home = route.decode_engine if route is not None else prefix.decode_engine.get(tid, prefix.prefill_engine.get(tid))
-        if home is not None:
-            return home in self.index
-        return (tid * _SPREAD) % self.full < len(self.ids)
+    def kept(self, live: Iterable[TrajectoryState], prefix: PrefixTracker, routes: dict[int, Route]) -> set[int]:
+        """The live trajectories whose home engine (the decode engine of the turn under way, else where the
+        KV was last decoded, else prefilled) is in the slice, and the slice's share of those with no home
+        yet, by id."""
+        out = set()
+        for s in live:
+            tid = s.trajectory_id
+            route = routes.get(tid) if s.phase in ROUTED else None
+            home = route.decode_engine if route is not None else prefix.decode_engine.get(tid, prefix.prefill_engine.get(tid))
+            if home in self.index if home is not None else (tid * _SPREAD) % self.full < len(self.ids):
+                out.add(tid)
+        return out
 
     def renumbered(self, futures: list[FutureTrajectory]) -> list[FutureTrajectory]:
         """The futures with their engines numbered as in the slice; an engine outside it is forgotten (a
@@ -106,3 +118,31 @@ def cluster_split(split: int, share: float, engines: int) -> int:
     if split == COLOCATED:
         return COLOCATED
     return min(max(round(split / share), 1), engines - 1)
+
+
+def thinned(futures: list[FutureTrajectory], weight: int, decode_floor: float,
+            stratum: Callable[[FutureTrajectory], Hashable] = lambda ft: None,
+            unit: Callable[[FutureTrajectory], Hashable] = lambda ft: ft.trajectory_id) -> list[FutureTrajectory]:
+    """One unit (a trajectory, or a GRPO group kept whole: `unit`) in `weight` of each `stratum` (an
+    engine): round(n / weight) of its n units, at least one, evenly spaced in the order of their longest
+    sampled chain (FutureTrajectory.chain_s), the longest first, so each stratum keeps its share of the
+    load and its longest chain. In the order given."""
+    chains: dict[Hashable, dict[Hashable, float]] = {}
+    for ft in futures:
+        units = chains.setdefault(stratum(ft), {})
+        key = unit(ft)
+        units[key] = max(units.get(key, 0.0), ft.chain_s(decode_floor))
+    picked = set()
+    for units in chains.values():
+        order = sorted(units, key=lambda u: (-units[u], u))
+        count = max(1, round(len(order) / weight))
+        picked.update(order[j * len(order) // count] for j in range(count))
+    return [ft for ft in futures if unit(ft) in picked]
+
+
+def home(ft: FutureTrajectory) -> int | None:
+    """The engine a live trajectory's future lives on: its turn under way's decode engine, else where its
+    KV is (None: nowhere yet)."""
+    if ft.route is not None:
+        return ft.route.decode_engine
+    return ft.decode_engine if ft.decode_engine is not None else ft.prefill_engine

@@ -59,6 +59,12 @@ class FutureTrajectory:
     first_turn: int = 0                 # the trajectory's turn index of turns[0]
     context: int = 0                    # prompt tokens of its present turn (0: not started)
 
+    def chain_s(self, decode_floor: float) -> float:
+        """The soonest it can end under any allocation: its next turn's prompt is ready, then every
+        tool call and, per turn, every decode step after the first token (which the prefill gives) at
+        `decode_floor` at least; queueing, prefill and transfers only add to it."""
+        return self.ready_s + sum(t.tool_latency_s + max(t.output_tokens - 1, 0) * decode_floor for t in self.turns)
+
     @classmethod
     def of_live(cls, s: TrajectoryState, ready_s: float, turns: list[FutureTurn], prefix: PrefixTracker,
                 routes: dict[int, Route]) -> FutureTrajectory:
@@ -637,7 +643,7 @@ class WhatIf:
         scripts predicted a mean end of 35.7 s where the run took 38.5 s, its single prefill engine
         recomputing every live context after each update."""
         self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
-        self.balance = Balance.of(cluster)   # the router's rule, as the run's policy routes
+        self.weight = 1           # each simulated trajectory stands for this many (slice.py); the policy sets it
         self.update_every, self.total = update_every, total
         self.staleness = staleness   # async: the driver's staleness (None: no such rule)
         self.completed = 0        # trajectories the run has completed; the policy sets both before a plan
@@ -673,10 +679,12 @@ class WhatIf:
         the launch parallelism 289.0 s and 229.1 s; the forked runs took 283.7 s and 230.9 s.
         `step_start` (sync, between two steps): `new` is the next step's batch, which starts once the
         switches to `roles` are done, as the driver starts it."""
-        backend = SimBackend(self.cluster, list(roles_now), launched_as=launched_as)
+        cluster = self.cluster.weighted(self.weight) if self.weight > 1 else self.cluster
+        backend = SimBackend(cluster, list(roles_now), launched_as=launched_as)
         self._warm_caches(backend, futures)
         run = _Run(backend, {f.trajectory_id: f for f in [*futures, *new]}, list(reversed(new)),
-                   max(max_in_flight, len(futures)), self.bin_s, self.bins, balance=self.balance,
+                   max(max_in_flight, len(futures)), self.bin_s, self.bins,
+                   balance=Balance.of(cluster),   # the router's rule, as the run's policy routes
                    bound=bound, on_mean_end=on_mean_end,
                    weight_updates=self._weight_updates(len(futures) + len(new)),
                    work=self.placement.copy() if self.placement is not None else None, then=then,

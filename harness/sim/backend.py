@@ -135,7 +135,8 @@ class SimBackend:
         self._nic_free = [0.0] * len(self.engines)
         self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
         self._inbound_tokens = [0] * len(self.engines)
-        self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency
+        # a weighted sequence's KV is that many sequences' bytes (ClusterConfig.weighted)
+        self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency / cluster.sequence_weight
         self._on_event: Callable[[LifecycleEvent], None] = _ignore
         self._on_returned: Callable[[TurnRequest], None] = _ignore
         self._on_step: Callable[[SimEngine, float], None] | None = None   # set_step_listener

@@ -1,0 +1,84 @@
+"""Prorsa's plans thinned (`policy.plan_per_engine`) against its full plans: decisions and cost.
+
+For each setting, Prorsa runs with every trajectory simulated and with plans thinned to 16 and to 8
+trajectories per engine, at seeds 0-2; colocation and every fixed split run at the same seeds, and
+`hindsight_best` is the best of them per seed. The table gives, per setting and plan, Prorsa /
+hindsight_best (the best static's time over Prorsa's), the thinned run's time against the full plan's,
+and Prorsa's `wall_time_s` (start plan included) against colocation's.
+
+  python scripts/thinning.py run   [OUT] [--settings heavy_prefill,...] [--seeds 0,1,2]
+  python scripts/thinning.py table [OUT]      (writes OUT/thinning.csv and OUT/thinning.md)
+
+OUT defaults to results/thinning. Each block is one Hydra multirun, resumable (complete jobs are skipped).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).parent))
+from study import main, summaries, sweep  # noqa: E402
+
+PLANS = {"full": "null", "16 per engine": "16", "8 per engine": "8"}   # name -> policy.plan_per_engine
+SETTINGS = {name: [f"+experiment={name}"] for name in
+            ("heavy_prefill", "search", "tooluse", "swe", "drift", "tooluse_async", "shift_reason_browse_sync",
+             "capture_flip_async")}
+SPLITS = "1,2,3,4,5,6,7"
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def run(out: Path, settings: list[str], seeds: str) -> None:
+    for setting in settings:
+        sweep(out / setting / "statics", [*SETTINGS[setting], f"seed={seeds}", "policy=colocate"])
+        sweep(out / setting / "statics", [*SETTINGS[setting], f"seed={seeds}", "policy=fixed_pd",
+                                          f"policy.num_prefill={SPLITS}"])
+        for name, value in PLANS.items():
+            sweep(out / setting / slug(name), [*SETTINGS[setting], f"seed={seeds}", "policy=prorsa",
+                                               f"policy.plan_per_engine={value}"])
+
+
+def table(out: Path) -> pd.DataFrame:
+    rows = []
+    for setting in SETTINGS:
+        statics = summaries(out / setting / "statics")
+        full = summaries(out / setting / slug("full"))
+        for name in PLANS:
+            prorsa = summaries(out / setting / slug(name))
+            for r in prorsa.itertuples():
+                st, base = statics[statics.seed == r.seed], full[full.seed == r.seed]
+                if len(st) < 8 or base.empty:
+                    continue   # not every static, or not the full plan, ran at this seed
+                best = st.loc[st.rollout_time_s.idxmin()]
+                colocate = st[st.policy == "colocate"].iloc[0]
+                rows.append({"setting": setting, "plan": name, "seed": r.seed, "prorsa_s": r.rollout_time_s,
+                             "full_plan_s": base.rollout_time_s.iloc[0], "hindsight_best_s": best.rollout_time_s,
+                             "best_static": best.split, "vs_hindsight_best": best.rollout_time_s / r.rollout_time_s,
+                             "vs_full_plan": base.rollout_time_s.iloc[0] / r.rollout_time_s, "switches": r.switches,
+                             "wall_s": r.wall_time_s, "colocate_wall_s": colocate.wall_time_s,
+                             "wall_vs_colocate": r.wall_time_s / colocate.wall_time_s})
+    df = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "thinning.csv", index=False)
+    if not df.empty:
+        piv = df.groupby(["setting", "plan"], sort=False).agg(
+            seeds=("seed", "count"), hb=("vs_hindsight_best", "mean"), hb_low=("vs_hindsight_best", "min"),
+            full=("vs_full_plan", "mean"), full_low=("vs_full_plan", "min"), full_high=("vs_full_plan", "max"),
+            switches=("switches", "mean"), wall=("wall_s", "mean"), ratio=("wall_vs_colocate", "mean")).reset_index()
+        lines = ["| setting | plan | seeds | Prorsa / hindsight_best: mean (min) | full plan's time / this one's: "
+                 "mean (min-max) | switches (mean) | wall_time_s (mean) | / colocation's (mean) |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in piv.itertuples():
+            lines.append(f"| {r.setting} | {r.plan} | {r.seeds} | {r.hb:.3f} ({r.hb_low:.3f}) | {r.full:.4f} "
+                         f"({r.full_low:.4f}-{r.full_high:.4f}) | {r.switches:.1f} | {r.wall:.2f} | {r.ratio:.1f}x |")
+        (out / "thinning.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+    return df
+
+
+if __name__ == "__main__":
+    main(__doc__, "python scripts/thinning.py", "results/thinning", list(SETTINGS), list(SETTINGS), run, table)

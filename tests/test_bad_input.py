@@ -109,6 +109,8 @@ CONFIG_CASES = [
      "policy.plan_workers=0 is invalid; allowed: auto, or an integer >= 1"),
     ("prorsa_plan_workers_text", ["policy=prorsa", "policy.plan_workers=many"],
      "policy.plan_workers='many' is invalid; allowed: auto, or an integer >= 1"),
+    ("prorsa_plan_per_engine_zero", ["policy=prorsa", "policy.plan_per_engine=0"],
+     "policy.plan_per_engine=0 is invalid; allowed: an integer >= 1 or null (every trajectory)"),
     ("prorsa_plan_engines_one", ["policy=prorsa", "policy.plan_engines=1"],
      "policy.plan_engines=1 is invalid; allowed: an integer >= 2"),
     ("prorsa_prefill_scale_zero", ["policy=prorsa", "policy.model.prefill_scale=0"],

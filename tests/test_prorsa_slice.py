@@ -143,3 +143,18 @@ def test_a_weighted_cluster_divides_its_limits_and_multiplies_its_batches():
     assert weighted.decode_step_time([3], [900]) == full.decode_step_time([12], [3600])
     assert weighted.step_time([RankBatch(2, 400, 100, 50.0, 120, 3)]) == \
         full.step_time([RankBatch(8, 1600, 400, 200.0, 480, 12)])
+
+
+def test_thinning_stops_where_a_rank_could_not_hold_the_longest_context_at_its_weight():
+    """swe on moe_h200 (512 trajectories on 8 engines; a colocated DP1 rank holds 817,871 KV tokens, the
+    context cap is 98,304): one per engine asked would thin by 64, but a rank holds the longest context
+    8 times only, so the weight is 8; 16 per engine thins by 4."""
+    def weight(per_engine: int) -> int:
+        overrides = ["+experiment=swe", "policy=prorsa", "policy.initial=colocated",
+                     f"policy.plan_per_engine={per_engine}"]
+        cfg = load_config(overrides)
+        policy = instantiate(cfg.policy)
+        mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+        policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
+        return policy.weight
+    assert (weight(1), weight(16)) == (8, 4)

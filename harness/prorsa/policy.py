@@ -147,6 +147,10 @@ class Prorsa(Policy):
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
                                run.mode, self.confirm_plans, self.switch_rule, self.workers)
         self.forecaster = Forecaster(self.horizon_s, self.bins)
+        # a thinned rank holds 1/weight of its KV, and one trajectory of the longest context the run allows
+        rank_kv = min(cost_model(planned, r).kv_capacity_tokens(planned.memory_fraction, planned.activation_reserve_bytes)
+                      for r in Role)
+        self.max_weight = max(1, rank_kv // max(p.context_cap for p in run.priors.values()))
         self._simulate_at(run.max_in_flight)   # the start's phase holds this many at once
         self.families = sorted(run.priors)
         decode = cost_model(planned, Role.DECODE)   # time per token before any is observed: a batch of 32
@@ -176,9 +180,10 @@ class Prorsa(Policy):
     def _simulate_at(self, count: int) -> None:
         """Thin the plans that follow for `count` trajectories in play on the cluster: one in `weight`
         is simulated, the most that leaves every engine `plan_per_engine` of them or more (1: all, as
-        without `plan_per_engine`); the what-if's engines count each as `weight` (slice.py)."""
+        without `plan_per_engine`) and lets a rank hold a trajectory of the longest context at that
+        weight; the what-if's engines count each as `weight` (slice.py)."""
         per_engine = count / self.cluster.num_engines
-        self.weight = max(1, int(per_engine // self.plan_per_engine)) if self.plan_per_engine else 1
+        self.weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
         whatif = self.planner.whatif
         whatif.weight = self.weight
         whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.run.mode == "async" else 0

@@ -177,12 +177,17 @@ class Prorsa(Policy):
         self._start_guessed = self.priors == "none"
         return roles_for(split, cluster.num_engines)
 
-    def _simulate_at(self, count: int) -> None:
-        """Thin the plans that follow for `count` trajectories in play on the cluster: one in `weight`
-        is simulated, the most that leaves every engine `plan_per_engine` of them or more (1: all, as
-        without `plan_per_engine`) and lets a rank hold a trajectory of the longest context at that
-        weight; the what-if's engines count each as `weight` (slice.py)."""
-        per_engine = count / self.cluster.num_engines
+    def _simulate_at(self, count: int | None) -> None:
+        """Thin the plans that follow for `count` trajectories in play on the cluster (None: simulate
+        every one): one in `weight` is simulated, the most that leaves every engine `plan_per_engine`
+        of them or more (1: all, as without `plan_per_engine`) and lets a rank hold a trajectory of the
+        longest context at that weight; the what-if's engines count each as `weight` (slice.py).
+        Thinned: the start plan and the plans scored by the mean end (async, before its last phase).
+        Not: the plans within a run scored by a last end (a sync step's start and its tail, an async
+        run's last phase). That end is a few trajectories' and a switch hangs on it; thinned, each of
+        them weighs as the `weight` it stands for (results/thinning/thinning.md: the sync curriculum
+        moved 2-5% with them thinned, and its plans settled less often)."""
+        per_engine = (count or 0) / self.cluster.num_engines
         self.weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
         whatif = self.planner.whatif
         whatif.weight = self.weight
@@ -262,7 +267,8 @@ class Prorsa(Policy):
 
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
-        self._simulate_at(len(self.tracker.live) + (self._starting() if self.run.mode == "async" else 0))
+        mean_end = self.planner.on_mean_end(self._to_end())
+        self._simulate_at(len(self.tracker.live) + self._starting() if mean_end else None)
         self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
         self.planner.whatif.started = self._scaled(self.tracker.started)
         self.tracker.count_generated(view.now, view.generated_tokens())
@@ -382,7 +388,7 @@ class Prorsa(Policy):
                 current == self._step_split and self._step_split_mix is not None and same_mix(mix, self._step_split_mix)
                 and not guessed):
             return None
-        self._simulate_at(self.run.max_in_flight)   # the step's batch
+        self._simulate_at(None)   # a last end within the run
         part = self._slice(view)
         with nested_runs():
             split = self._cluster_split(self._initial_split(view if part is None else part.view(view), mix))

@@ -25,9 +25,12 @@ def policy_with_1000_in_flight():
     return policy_in_flight(1000, 8)
 
 
-def policy_in_flight(in_flight: int, engines: int, plan_engines: int = 32):
-    """Prorsa with `in_flight` live trajectories on `engines` engines of moe_h200 (4 GPUs each)."""
-    overrides = [*OVERRIDES, f"cluster.num_engines={engines}", f"policy.plan_engines={plan_engines}"]
+def policy_in_flight(in_flight: int, engines: int, plan_engines: int = 32, plan_per_engine: int | None = None,
+                     *more: str):
+    """Prorsa with `in_flight` live trajectories on `engines` engines of moe_h200 (4 GPUs each); its plans
+    thinned to `plan_per_engine` trajectories per engine where they may be (None: every one)."""
+    overrides = [*OVERRIDES, f"cluster.num_engines={engines}", f"policy.plan_engines={plan_engines}",
+                 f"policy.plan_per_engine={'null' if plan_per_engine is None else plan_per_engine}", *more]
     cfg = load_config(overrides)
     policy = instantiate(cfg.policy)
     cluster = cluster_of(overrides)
@@ -72,6 +75,17 @@ def test_plan_at_1000_trajectories(benchmark):
     plan_benchmark(benchmark, *policy_with_1000_in_flight())
 
 
+# async RL with 1,000 in flight and as many to start: a plan scored by the mean end, which thins
+ASYNC = ["mode=async", "mode.max_in_flight=1000", "mode.num_steps=16"]
+
+
+@pytest.mark.parametrize("plan_per_engine", [None, 8])
+def test_async_plan_at_1000_trajectories(benchmark, plan_per_engine):
+    """An async plan at 1,000 in flight and 1,000 to start: every trajectory, then thinned (8 per engine
+    asks for one in 31; a rank holds mix's longest context 11 times, so one in 11)."""
+    plan_benchmark(benchmark, *policy_in_flight(1000, 8, 32, plan_per_engine, *ASYNC), rounds=1)
+
+
 @pytest.mark.large
 @pytest.mark.parametrize("in_flight, engines, plan_engines", [(4000, 32, 32), (4000, 32, 8), (16384, 256, 256),
                                                              (16384, 256, 32), (16384, 256, 8)])
@@ -80,6 +94,15 @@ def test_plan_at_scale(benchmark, in_flight, engines, plan_engines):
     then half of it): a plan's cost as the cluster grows; beyond `policy.plan_engines` a plan simulates
     a slice of that many engines (harness/prorsa/slice.py)."""
     plan_benchmark(benchmark, *policy_in_flight(in_flight, engines, plan_engines), rounds=1)
+
+
+@pytest.mark.large
+@pytest.mark.parametrize("in_flight, engines, plan_engines, plan_per_engine",
+                         [(16384, 256, 32, None), (16384, 256, 32, 8), (16384, 256, 8, 8)])
+def test_async_plan_at_scale(benchmark, in_flight, engines, plan_engines, plan_per_engine):
+    """An async plan at 16,384 in flight on 1,024 GPUs: on a slice, and thinned too."""
+    more = ["mode=async", f"mode.max_in_flight={in_flight}", "mode.num_steps=16", "workload.batch_size=256"]
+    plan_benchmark(benchmark, *policy_in_flight(in_flight, engines, plan_engines, plan_per_engine, *more), rounds=1)
 
 
 def plan_benchmark(benchmark, policy, view, rounds: int = 3):
@@ -99,3 +122,5 @@ def plan_benchmark(benchmark, policy, view, rounds: int = 3):
         benchmark.extra_info["plan_over_replan_interval"] = plan / policy.replan_interval_s
         # the rate behind `policy.plan_events_per_s` (plan_latency=model)
         benchmark.extra_info["whatif_events_per_s"] = events / plan
+        benchmark.extra_info["whatif_events"] = events
+        benchmark.extra_info["weight"] = policy.weight   # each simulated trajectory stands for this many

@@ -185,8 +185,7 @@ class Prorsa(Policy):
         Thinned: the start plan and the plans scored by the mean end (async, before its last phase).
         Not: the plans within a run scored by a last end (a sync step's start and its tail, an async
         run's last phase). That end is a few trajectories' and a switch hangs on it; thinned, each of
-        them weighs as the `weight` it stands for (results/thinning/thinning.md: the sync curriculum
-        moved 2-5% with them thinned, and its plans settled less often)."""
+        them weighs as the `weight` it stands for (docs/decisions/2026-12-06-plan-thinning.md)."""
         per_engine = (count or 0) / self.cluster.num_engines
         self.weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
         whatif = self.planner.whatif

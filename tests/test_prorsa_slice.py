@@ -13,7 +13,7 @@ from harness.prorsa.tracker import Phase, TrajectoryState
 from harness.prorsa.whatif import FutureTrajectory, FutureTurn
 from harness.rollout import ModeConfig
 from harness.routing import PrefixTracker
-from tests.conftest import cluster_of, load_config
+from tests.conftest import cluster_of, load_config, simulate
 
 
 def view_of(roles: list[Role]) -> ClusterView:
@@ -94,8 +94,8 @@ def test_the_slice_plans_the_start_the_whole_cluster_plans():
 
 
 def test_a_thinned_plan_chooses_the_start_the_full_plan_chooses():
-    """heavy_prefill on 8 engines (64 prompts x 4 = 256 trajectories, 32 per engine): the full plan and
-    plans that simulate one trajectory in 2 and in 4 (`plan_per_engine` 16 and 8) choose the same
+    """heavy_prefill on 8 engines (64 prompts x 8 = 512 trajectories, 64 per engine): the full plan and
+    plans that simulate one trajectory in 4 and in 8 (`plan_per_engine` 16 and 8) choose the same
     prefill-heavy start."""
     full = start_split(8, 32)
     assert full.count(Role.PREFILL) > full.count(Role.DECODE)
@@ -158,3 +158,33 @@ def test_thinning_stops_where_a_rank_could_not_hold_the_longest_context_at_its_w
         policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
         return policy.weight
     assert (weight(1), weight(16)) == (8, 4)
+
+
+def weights_planned(overrides: list[str]) -> list[tuple[bool, int]]:
+    """(whether the plan scored the mean end, its weight) for each plan of a whole run, the start first."""
+    from harness.prorsa.policy import Prorsa
+    seen = []
+
+    class Recorded(Prorsa):
+        def _simulate_at(self, count):
+            super()._simulate_at(count)
+            seen.append((self.run.mode == "async" and not self._to_end(), self.weight))
+    overrides = ["policy=prorsa", "policy.plan_per_engine=2", "policy.plan_workers=1", *overrides]
+    keys = OmegaConf.to_container(load_config(overrides).policy, resolve=True)
+    simulate(overrides, policy=Recorded(**{k: v for k, v in keys.items() if k != "_target_"}))
+    return seen
+
+
+def test_thinning_leaves_the_plans_within_a_run_that_score_a_last_end():
+    """Two trajectories per engine asked (`plan_per_engine=2`). Sync (heavy_prefill, 16 prompts x 8 = 128
+    per step on 8 engines): the start thins by 8, every plan within the run by nothing. Async (tooluse,
+    64 in flight and as many to start on 8 engines, 4 batches of 64): the start thins, the plans scored by the mean end
+    thin, those of the run's last phase (64 or fewer left to start) do not."""
+    sync = weights_planned(["+experiment=heavy_prefill", "workload.batch_size=16"])
+    assert sync[0] == (False, 8) and len(sync) > 2 and all(w == 1 for _, w in sync[1:])
+    asynch = weights_planned(["+experiment=tooluse_async", "workload.batch_size=8", "mode.max_in_flight=64",
+                              "mode.num_steps=4"])
+    assert asynch[0][1] > 1
+    rolling = [w for mean_end, w in asynch[1:] if mean_end]
+    last = [w for mean_end, w in asynch[1:] if not mean_end]
+    assert rolling and all(w > 1 for w in rolling) and last and all(w == 1 for w in last)

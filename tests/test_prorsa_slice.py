@@ -46,10 +46,10 @@ def test_a_slice_keeps_the_trajectories_living_on_its_engines_renumbered():
     elsewhere = TrajectoryState(2, "f", 0.0, phase=Phase.TOOL)       # on engine 3: not
     routed = TrajectoryState(3, "f", 0.0, phase=Phase.DECODING)      # decoding on engine 4: kept
     routes = {3: Route(2, 4)}
-    assert part.kept([tool, elsewhere, routed], prefix, routes) == {1, 3}
+    assert [part.keeps(s, prefix, routes) for s in (tool, elsewhere, routed)] == [True, False, True]
     # none on any engine yet: the slice's share of them, by id
-    homeless = part.kept([TrajectoryState(t, "f", 0.0) for t in range(10, 1610)], prefix, {})
-    assert abs(len(homeless) / 1600 - part.share) < 0.03
+    homeless = [part.keeps(TrajectoryState(t, "f", 0.0), prefix, {}) for t in range(10, 1610)]
+    assert abs(sum(homeless) / len(homeless) - part.share) < 0.03
     turn = [FutureTurn(100, 0, 10, 0.0)]
     out = part.renumbered([FutureTrajectory(1, "f", 0.0, turn, decode_engine=9),
                            FutureTrajectory(3, "f", 0.0, turn, decode_engine=4, prefill_engine=2, route=Route(2, 4))])

@@ -331,9 +331,8 @@ class Prorsa(Policy):
         if part is None:
             futures = sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes)
         else:
-            kept = part.kept(self.tracker.live.values(), self.prefix, self.routes)
             futures = part.renumbered(sampler.live(now, self.tracker, self.prefix, self._tpot(), rng, self.routes,
-                                                   keep=lambda s: s.trajectory_id in kept))
+                                                   keep=lambda s: part.keeps(s, self.prefix, self.routes)))
         return self._thinned(futures, stratum=home)   # each engine keeps its share
 
     def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler,
@@ -611,9 +610,8 @@ class Prorsa(Policy):
         outs = self.tracker.outputs
         mean = {f: float(np.mean(v)) for f, v in outs.items() if v}
         futures = []
-        kept = part.kept(self.tracker.live.values(), self.prefix, self.routes) if part is not None else None
         for s in self.tracker.live.values():
-            if s.phase == Phase.TOOL or (kept is not None and s.trajectory_id not in kept):
+            if s.phase == Phase.TOOL or (part is not None and not part.keeps(s, self.prefix, self.routes)):
                 continue
             tokens = max(int(mean.get(s.family, self.run.priors[s.family].output_tokens.median)), 1)
             futures.append(FutureTrajectory.of_live(

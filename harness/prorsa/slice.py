@@ -19,7 +19,7 @@ trajectories evenly spaced in the order of their sampled chains, the longest fir
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 
 from harness.api import ClusterView, EngineState, Role, Route
@@ -71,18 +71,16 @@ class ClusterSlice:
         engines = {e.engine_id: e for e in view.engines}
         return ClusterView(view.now, [replace(engines[cid], engine_id=i) for i, cid in enumerate(self.ids)])
 
-    def kept(self, live: Iterable[TrajectoryState], prefix: PrefixTracker, routes: dict[int, Route]) -> set[int]:
-        """The live trajectories whose home engine (the decode engine of the turn under way, else where the
-        KV was last decoded, else prefilled) is in the slice, and the slice's share of those with no home
-        yet, by id."""
-        out = set()
-        for s in live:
-            tid = s.trajectory_id
-            route = routes.get(tid) if s.phase in ROUTED else None
-            home = route.decode_engine if route is not None else prefix.decode_engine.get(tid, prefix.prefill_engine.get(tid))
-            if home in self.index if home is not None else (tid * _SPREAD) % self.full < len(self.ids):
-                out.add(tid)
-        return out
+    def keeps(self, s: TrajectoryState, prefix: PrefixTracker, routes: dict[int, Route]) -> bool:
+        """Whether a live trajectory is simulated: its home engine (the decode engine of its turn under
+        way, else where its KV was last decoded, else prefilled) is in the slice; with no home yet, the
+        slice's share of such trajectories, by id."""
+        tid = s.trajectory_id
+        route = routes.get(tid) if s.phase in ROUTED else None
+        home = route.decode_engine if route is not None else prefix.decode_engine.get(tid, prefix.prefill_engine.get(tid))
+        if home is not None:
+            return home in self.index
+        return (tid * _SPREAD) % self.full < len(self.ids)
 
     def renumbered(self, futures: list[FutureTrajectory]) -> list[FutureTrajectory]:
         """The futures with their engines numbered as in the slice; an engine outside it is forgotten (a

@@ -188,3 +188,19 @@ def test_thinning_leaves_the_plans_within_a_run_that_score_a_last_end():
     rolling = [w for mean_end, w in asynch[1:] if mean_end]
     last = [w for mean_end, w in asynch[1:] if not mean_end]
     assert rolling and all(w > 1 for w in rolling) and last and all(w == 1 for w in last)
+
+
+def test_small_batches_thinned_add_up_to_the_whole_and_keep_new_ids_negative():
+    """Sixteen batches of 16 to start, one trajectory in 32 simulated: each batch's share is half a
+    trajectory. Rounded one by one each would draw one (16 in all, ids running into the live ones'
+    from -9); their shares add up to 8, ids -9 to -2."""
+    import numpy as np
+    overrides = ["+experiment=tooluse_async", "policy=prorsa", "policy.initial=colocated", "workload.batch_size=2",
+                 "mode.num_steps=16", "mode.max_in_flight=256"]
+    cfg = load_config(overrides)
+    policy = instantiate(cfg.policy)
+    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
+    policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
+    count = policy._scaled(256, 32)
+    drawn = policy._scheduled(policy._sampler(0.0), 0, 256, -1 - count, np.random.default_rng(0), weight=32)
+    assert count == 8 and [ft.trajectory_id for ft in drawn] == list(range(-9, -1))

@@ -112,6 +112,10 @@ class Prorsa(Policy):
         if plan_per_engine is not None and not (isinstance(plan_per_engine, int) and plan_per_engine >= 1):
             raise ValueError(f"policy.plan_per_engine={plan_per_engine!r} is invalid; allowed: null (every "
                              "trajectory), or an integer >= 1")
+        if plan_per_engine is not None and placement == "forecast_work":
+            raise ValueError(f"policy.plan_per_engine={plan_per_engine!r} is invalid with policy.placement="
+                             "forecast_work; allowed: null (a thinned plan holds no decode work to place by for the "
+                             "trajectories it leaves out)")
         self.plan_per_engine = plan_per_engine
         self.weight = 1          # each trajectory a plan simulates stands for this many (`_simulate_at`)
         self.workers = PlanWorkers.of(plan_workers)
@@ -150,7 +154,9 @@ class Prorsa(Policy):
         # a thinned rank holds 1/weight of its KV, and one trajectory of the longest context the run allows
         rank_kv = min(cost_model(planned, r).kv_capacity_tokens(planned.memory_fraction, planned.activation_reserve_bytes)
                       for r in Role)
-        self.max_weight = max(1, rank_kv // max(p.context_cap for p in run.priors.values()))
+        # ... and a thinned step keeps a GRPO group at least
+        self.max_weight = max(1, min(rank_kv // max(p.context_cap for p in run.priors.values()),
+                                     run.trajectories_per_step // max(run.group_size, 1)))
         self._simulate_at(run.max_in_flight)   # the start's phase holds this many at once
         self.families = sorted(run.priors)
         decode = cost_model(planned, Role.DECODE)   # time per token before any is observed: a batch of 32
@@ -178,10 +184,11 @@ class Prorsa(Policy):
         return roles_for(split, cluster.num_engines)
 
     def _simulate_at(self, count: int | None) -> None:
-        """Thin the plans that follow for `count` trajectories in play on the cluster (None: simulate
+        """Thin the plans that follow for `count` trajectories on the cluster at once (None: simulate
         every one): one in `weight` is simulated, the most that leaves every engine `plan_per_engine`
-        of them or more (1: all, as without `plan_per_engine`) and lets a rank hold a trajectory of the
-        longest context at that weight; the what-if's engines count each as `weight` (slice.py).
+        of them or more (1: all, as without `plan_per_engine`), lets a rank hold a trajectory of the
+        longest context at that weight and keeps a GRPO group of a step; the what-if's engines count
+        each as `weight` (slice.py).
         Thinned: the start plan and the plans scored by the mean end (async, before its last phase).
         Not: the plans within a run scored by a last end (a sync step's start and its tail, an async
         run's last phase). That end is a few trajectories' and a switch hangs on it; thinned, each of
@@ -266,8 +273,8 @@ class Prorsa(Policy):
 
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
         """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
-        mean_end = self.planner.on_mean_end(self._to_end())
-        self._simulate_at(len(self.tracker.live) + self._starting() if mean_end else None)
+        # an async rolling phase holds `max_in_flight` on the engines at once, as the start's does
+        self._simulate_at(self.run.max_in_flight if self.planner.on_mean_end(self._to_end()) else None)
         self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
         self.planner.whatif.started = self._scaled(self.tracker.started)
         self.tracker.count_generated(view.now, view.generated_tokens())
@@ -470,8 +477,10 @@ class Prorsa(Policy):
         while k < full:                                    # the run's (start + k)-th trajectory to start
             step = min((start + k) // per, len(self.run.step_weights) - 1)
             n = min(full - k, (step + 1) * per - start - k)
-            out += sampler.new(self.families, self._step_mix(step), self._scaled(n, weight), first_id + len(out),
-                               rng, group)
+            # the batches' shares add up to the whole's (`_new_count`): rounded one by one, small ones
+            # would each round up and overlap the ids after `first_id`
+            take = self._scaled(k + n, weight) - self._scaled(k, weight)
+            out += sampler.new(self.families, self._step_mix(step), take, first_id + len(out), rng, group)
             k += n
         return out
 

@@ -82,7 +82,7 @@ ASYNC = ["mode=async", "mode.max_in_flight=1000", "mode.num_steps=16"]
 @pytest.mark.parametrize("plan_per_engine", [None, 8])
 def test_async_plan_at_1000_trajectories(benchmark, plan_per_engine):
     """An async plan at 1,000 in flight and 1,000 to start: every trajectory, then thinned (8 per engine
-    asks for one in 31; a rank holds mix's longest context 11 times, so one in 11)."""
+    asks for one in 15; a rank holds mix's longest context 11 times, so one in 11)."""
     plan_benchmark(benchmark, *policy_in_flight(1000, 8, 32, plan_per_engine, *ASYNC), rounds=1)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from study import main, summaries, sweep  # noqa: E402
+from study import hindsight_best, main, publish, summaries, sweep  # noqa: E402
 
 SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_sync", "capture_alternate_sync",
             "capture_flip_async_reverse")
@@ -49,10 +49,11 @@ def table(out: Path) -> pd.DataFrame:
         if statics.empty or prorsa.empty or oracle.empty or evidence.empty:
             continue
         for p in prorsa.itertuples():
-            st, orc, ev = (df[df.seed == p.seed] for df in (statics, oracle, evidence))
-            if len(st) < 8 or orc.empty or ev.empty:
+            best = hindsight_best(statics, p.seed)
+            orc, ev = oracle[oracle.seed == p.seed], evidence[evidence.seed == p.seed]
+            if best is None or orc.empty or ev.empty:
                 continue   # not every static, no oracle or no evidence-rule run at this seed
-            best, o, e = st.loc[st.rollout_time_s.idxmin()], orc.iloc[0], ev.iloc[0]
+            o, e = orc.iloc[0], ev.iloc[0]
             gain = best.rollout_time_s - o.rollout_time_s
 
             def against_best(run_s: float) -> tuple[float, float]:
@@ -72,7 +73,6 @@ def table(out: Path) -> pd.DataFrame:
                          "wape_prefill": p.wape_prefill, "wape_decode": p.wape_decode,
                          "prorsa_wall_s": p.wall_time_s})
     df = pd.DataFrame(rows)
-    df.to_csv(out / "capture.csv", index=False)
     lines = ["| setting | seed | held out | best static (s) | oracle (s, switches) | oracle gain "
              "| Prorsa (s, switches) | Prorsa / best | captured | evidence rule (s, switches) | Prorsa / best "
              "| captured | forecast WAPE prefill / decode (mean of bins) |",
@@ -86,8 +86,7 @@ def table(out: Path) -> pd.DataFrame:
                      f"| {r.prorsa_s:,.1f} ({r.prorsa_switches}) | {r.prorsa_vs_best:.3f} | {captured} "
                      f"| {r.evidence_s:,.1f} ({r.evidence_switches}) | {r.evidence_vs_best:.3f} | {evidence} "
                      f"| {r.wape_prefill:.2f} / {r.wape_decode:.2f} |")
-    (out / "capture.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    publish(out, "capture", df, lines)
     return df
 
 

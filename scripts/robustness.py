@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from study import main, summaries, sweep  # noqa: E402
+from study import hindsight_best, main, publish, summaries, sweep  # noqa: E402
 
 
 # The world as the H200 forward passes of Qwen3-30B-A3B measured it (results/calibration/h200_profile.json,
@@ -66,17 +66,16 @@ def table(out: Path) -> pd.DataFrame:
             if prorsa.empty or statics.empty:
                 continue
             for r in prorsa.itertuples():
-                st = statics[statics.seed == r.seed]
-                if len(st) < 8:
+                best = hindsight_best(statics, r.seed)
+                if best is None:
                     continue   # not every static ran at this seed
-                best = st.loc[st.rollout_time_s.idxmin()]
-                colocate = st[st.policy == "colocate"].rollout_time_s.iloc[0]
+                colocate = statics[(statics.seed == r.seed) & (statics.policy == "colocate")].rollout_time_s.iloc[0]
                 rows.append({"setting": setting, "condition": name, "seed": r.seed, "prorsa_s": r.rollout_time_s,
                              "hindsight_best_s": best.rollout_time_s, "best_static": best.split,
                              "colocate_s": colocate, "vs_hindsight_best": best.rollout_time_s / r.rollout_time_s,
                              "switches": r.switches, "prorsa_wall_s": r.wall_time_s})
     df = pd.DataFrame(rows)
-    df.to_csv(out / "robustness.csv", index=False)
+    lines = None
     if not df.empty:
         piv = df.groupby(["setting", "condition"], sort=False).agg(
             seeds=("seed", "count"), mean=("vs_hindsight_best", "mean"), low=("vs_hindsight_best", "min"),
@@ -86,8 +85,7 @@ def table(out: Path) -> pd.DataFrame:
         for r in piv.itertuples():
             lines.append(f"| {r.setting} | {r.condition} | {r.seeds} | {r.mean:.3f} ({r.low:.3f}-{r.high:.3f}) "
                          f"| {r.switches:.1f} |")
-        (out / "robustness.md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
+    publish(out, "robustness", df, lines)
     return df
 
 

@@ -48,6 +48,20 @@ def summaries(where: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def hindsight_best(statics: pd.DataFrame, seed: int) -> pd.Series | None:
+    """The fastest of colocation and the seven fixed splits at `seed` (None unless all eight ran)."""
+    st = statics[statics.seed == seed]
+    return st.loc[st.rollout_time_s.idxmin()] if len(st) >= 8 else None
+
+
+def publish(out: Path, name: str, df: pd.DataFrame, lines: list[str] | None) -> None:
+    """A study's table: every row as OUT/NAME.csv; the Markdown `lines` (if any) as OUT/NAME.md, printed."""
+    df.to_csv(out / f"{name}.csv", index=False)
+    if lines:
+        (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+
+
 def main(doc: str, prog: str, out: str, settings: list[str], default: list[str],
          run: Callable[[Path, list[str], str], None], table: Callable[[Path], pd.DataFrame]) -> None:
     """`prog run [OUT] [--settings a,b] [--seeds 0,1,2]` runs the blocks, then writes the table;

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from study import main, summaries, sweep  # noqa: E402
+from study import hindsight_best, main, publish, summaries, sweep  # noqa: E402
 
 PLANS = {"full": "null", "8 per engine": "8"}   # name -> policy.plan_per_engine
 # The first eight were run with every plan thinned (16 and 8 per engine) before the rule of
@@ -55,12 +55,12 @@ def table(out: Path) -> pd.DataFrame:
         for name in PLANS:
             prorsa = summaries(out / setting / slug(name))
             for r in prorsa.itertuples():
-                st, base = statics[statics.seed == r.seed], full[full.seed == r.seed]
-                if len(st) < 8 or base.empty:
+                best, base = hindsight_best(statics, r.seed), full[full.seed == r.seed]
+                if best is None or base.empty:
                     continue   # not every static, or not the full plan, ran at this seed
-                best = st.loc[st.rollout_time_s.idxmin()]
-                colocate = st[st.policy == "colocate"].iloc[0]
-                rows.append({"setting": setting + (" (held out)" if setting in HELD_OUT else ""), "plan": name, "seed": r.seed, "prorsa_s": r.rollout_time_s,
+                colocate = statics[(statics.seed == r.seed) & (statics.policy == "colocate")].iloc[0]
+                rows.append({"setting": setting + (" (held out)" if setting in HELD_OUT else ""), "plan": name,
+                             "seed": r.seed, "prorsa_s": r.rollout_time_s,
                              "full_plan_s": base.rollout_time_s.iloc[0], "hindsight_best_s": best.rollout_time_s,
                              "best_static": best.split, "vs_hindsight_best": best.rollout_time_s / r.rollout_time_s,
                              "vs_full_plan": base.rollout_time_s.iloc[0] / r.rollout_time_s, "switches": r.switches,
@@ -68,7 +68,7 @@ def table(out: Path) -> pd.DataFrame:
                              "wall_vs_colocate": r.wall_time_s / colocate.wall_time_s})
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "thinning.csv", index=False)
+    lines = None
     if not df.empty:
         piv = df.groupby(["setting", "plan"], sort=False).agg(
             seeds=("seed", "count"), hb=("vs_hindsight_best", "mean"), hb_low=("vs_hindsight_best", "min"),
@@ -80,8 +80,7 @@ def table(out: Path) -> pd.DataFrame:
         for r in piv.itertuples():
             lines.append(f"| {r.setting} | {r.plan} | {r.seeds} | {r.hb:.3f} ({r.hb_low:.3f}) | {r.full:.4f} "
                          f"({r.full_low:.4f}-{r.full_high:.4f}) | {r.switches:.1f} | {r.wall:.2f} | {r.ratio:.1f}x |")
-        (out / "thinning.md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
+    publish(out, "thinning", df, lines)
     return df
 
 

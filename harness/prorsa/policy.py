@@ -117,7 +117,6 @@ class Prorsa(Policy):
                              "forecast_work; allowed: null (a thinned plan holds no decode work to place by for the "
                              "trajectories it leaves out)")
         self.plan_per_engine = plan_per_engine
-        self.weight = 1          # each trajectory a plan simulates stands for this many (`_simulate_at`)
         self.workers = PlanWorkers.of(plan_workers)
         self.slice_share = 1.0   # the share of the cluster a plan simulates (slice.py); 1: the whole cluster
         self.model, self.priors = PlanningModel.of(model), priors
@@ -194,11 +193,15 @@ class Prorsa(Policy):
         run's last phase). That end is a few trajectories' and a switch hangs on it; thinned, each of
         them weighs as the `weight` it stands for (docs/decisions/2026-12-06-plan-thinning.md)."""
         per_engine = (count or 0) / self.cluster.num_engines
-        self.weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
         whatif = self.planner.whatif
-        whatif.weight = self.weight
+        whatif.weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
         whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.run.mode == "async" else 0
         whatif.total = self._scaled(self.run.total_trajectories)
+
+    @property
+    def weight(self) -> int:
+        """Each trajectory the plans simulate stands for this many (`_simulate_at`; the what-if's)."""
+        return self.planner.whatif.weight
 
     def _scaled(self, count: int, weight: int | None = None) -> int:
         """A count of trajectories as a plan samples it: at the slice's share, one in `weight` (the

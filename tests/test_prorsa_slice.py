@@ -76,13 +76,18 @@ def test_thinning_keeps_each_engines_share_evenly_by_chain_longest_first():
     assert thinned(futures, 1, 1.0) == futures
 
 
-def start_split(engines: int, plan_engines: int, *more: str) -> list[Role]:
-    overrides = ["+experiment=heavy_prefill", "policy=prorsa", f"cluster.num_engines={engines}",
-                 f"policy.plan_engines={plan_engines}", "workload.batch_size=64", *more]
+def started(overrides: list[str]):
+    """The configured policy after its `initial_roles` (the start planned), and the roles it chose."""
     cfg = load_config(overrides)
     mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
     policy = instantiate(cfg.policy)
-    return policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
+    roles = policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
+    return policy, roles
+
+
+def start_split(engines: int, plan_engines: int, *more: str) -> list[Role]:
+    return started(["+experiment=heavy_prefill", "policy=prorsa", f"cluster.num_engines={engines}",
+                    f"policy.plan_engines={plan_engines}", "workload.batch_size=64", *more])[1]
 
 
 def test_the_slice_plans_the_start_the_whole_cluster_plans():
@@ -150,13 +155,8 @@ def test_thinning_stops_where_a_rank_could_not_hold_the_longest_context_at_its_w
     context cap is 98,304): one per engine asked would thin by 64, but a rank holds the longest context
     8 times only, so the weight is 8; 16 per engine thins by 4."""
     def weight(per_engine: int) -> int:
-        overrides = ["+experiment=swe", "policy=prorsa", "policy.initial=colocated",
-                     f"policy.plan_per_engine={per_engine}"]
-        cfg = load_config(overrides)
-        policy = instantiate(cfg.policy)
-        mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-        policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
-        return policy.weight
+        return started(["+experiment=swe", "policy=prorsa", "policy.initial=colocated",
+                        f"policy.plan_per_engine={per_engine}"])[0].weight
     assert (weight(1), weight(16)) == (8, 4)
 
 
@@ -195,12 +195,8 @@ def test_small_batches_thinned_add_up_to_the_whole_and_keep_new_ids_negative():
     trajectory. Rounded one by one each would draw one (16 in all, ids running into the live ones'
     from -9); their shares add up to 8, ids -9 to -2."""
     import numpy as np
-    overrides = ["+experiment=tooluse_async", "policy=prorsa", "policy.initial=colocated", "workload.batch_size=2",
-                 "mode.num_steps=16", "mode.max_in_flight=256"]
-    cfg = load_config(overrides)
-    policy = instantiate(cfg.policy)
-    mode = ModeConfig(**OmegaConf.to_container(cfg.mode, resolve=True))
-    policy.initial_roles(cluster_of(overrides), run_info(mode, instantiate(cfg.workload, seed=cfg.seed)))
+    policy, _ = started(["+experiment=tooluse_async", "policy=prorsa", "policy.initial=colocated",
+                         "workload.batch_size=2", "mode.num_steps=16", "mode.max_in_flight=256"])
     count = policy._scaled(256, 32)
     drawn = policy._scheduled(policy._sampler(0.0), 0, 256, -1 - count, np.random.default_rng(0), weight=32)
     assert count == 8 and [ft.trajectory_id for ft in drawn] == list(range(-9, -1))

@@ -617,8 +617,8 @@ class Prorsa(Policy):
         in_flight = self.run.max_in_flight
         split, scores = self.planner.initial(samples, self._scaled(in_flight), hedges, sample,
                                              self.initial_max_samples, present, to_end=whole)
-        screen = self.planner.screen()
-        if self.weight > 1 and len(screen.finalists) > 1:
+        screen = self.planner.screen() if self.weight > 1 else None
+        if screen is not None and len(screen.finalists) > 1:
             # thinned, the plan was a screen: its finalists race again, every trajectory simulated
             thinned_at = self.weight
             self._weigh(1)

@@ -457,6 +457,34 @@ def test_initial_plan_hedges_against_another_mix():
     assert planner.initial([one_new("a")], 8, hedges=[one_new("a"), one_new("b")])[0] == 2
 
 
+def test_screened_start_races_its_finalists_against_every_candidates_best():
+    """A thinned start plan is a screen (Planner.screen). Hedged regrets on the screen's table (as in
+    the test above): colocated max(100/90, 150/100) = 1.5, 1P 4.0, 2P max(95/90, 120/100) = 1.2, 3P
+    max(110/90, 100/100) = 1.222; within SCREEN_MARGIN (5%) of 1.2: 2P and 3P. Per mix, the best of
+    all over the best finalist: mix a 90/95 (1P is best there), mix b 100/100. The race on the full
+    table runs the finalists only; mix a's yardstick stays 1P's: 96 x 90/95 = 90.95, so 2P's worst
+    ratio is max(96/90.95, 118/104) = 1.135 and 3P's max(108/90.95, 104/104) = 1.188: 2P. Against the
+    finalists' best alone, 3P would win (max(108/96, 1.0) = 1.125 against 1.135)."""
+    screen_table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
+    planner = Planner(cluster_of(HEAVY), MixWhatIf(screen_table), hysteresis=0.05, allow_colocated=True,
+                      max_candidates=8, mode="async")
+    hedges = [one_new("a"), one_new("b")]
+    assert planner.initial([one_new("a")], 8, hedges=hedges)[0] == 2
+    screen = planner.screen()
+    assert screen.finalists == [2, 3]
+    assert screen.edges == pytest.approx([90 / 95, 90 / 95, 1.0])
+
+    class Recorded(MixWhatIf):
+        runs: list = []
+
+        def run(self, futures, roles_now, roles, new=(), max_in_flight=0, **bound):
+            self.runs.append(sum(r == Role.PREFILL for r in roles) or COLOCATED)
+            return super().run(futures, roles_now, roles, new, max_in_flight, **bound)
+    planner.whatif = Recorded({"a": {2: 96, 3: 108}, "b": {2: 118, 3: 104}})
+    split, scores = planner.initial([one_new("a")], 8, hedges=hedges, screen=screen)
+    assert split == 2 and set(scores) == {2, 3} and set(planner.whatif.runs) == {2, 3}
+
+
 def test_initial_plan_takes_colocation_within_the_tolerance():
     """A split ahead of colocation by less than INITIAL_TOLERANCE (1%) is as good: the start is
     colocated; ahead by more, the split."""

@@ -109,6 +109,17 @@ class Decision:
     closed_for_s: float | None = None   # settled by the critical-path floor: for how long (Planner.settled)
 
 
+@dataclass(frozen=True)
+class Screen:
+    """What a thinned start plan leaves to a race with every trajectory simulated (policy.py
+    `_initial_split`): the candidates within SCREEN_MARGIN of its choice by the start's rule (the mean
+    score, or the worst regret over the task mixes), and per mix (the expected one, then each hedge)
+    the best candidate's score over the best finalist's (<= 1), so that the race's regrets are against
+    every candidate's best, not only the finalists'."""
+    finalists: list[int]
+    edges: list[float]
+
+
 class Planner:
     def __init__(self, cluster: ClusterConfig, whatif: WhatIf, hysteresis: float, allow_colocated: bool,
                  max_candidates: int, mode: str = "sync", confirm_plans: int = 1, switch_rule: str = "consecutive",
@@ -117,6 +128,8 @@ class Planner:
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates, self.confirm_plans, self.switch_rule = max_candidates, confirm_plans, switch_rule
         self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
+        self._start: tuple[dict[int, float], list[dict[int, float]]] = ({}, [])   # the last start plan's rule
+                                              # value per candidate still raced, and its scores per mix
         self.evidence: dict[int, float] = {}  # per target, its gains over staying so far (`weigh`)
         self._weighed_at: int | None = None   # the split `evidence` is against
         self.decode_floor_s = decode_floor_s(cluster)
@@ -302,7 +315,7 @@ class Planner:
     def initial(self, samples: list[list[FutureTrajectory]], max_in_flight: int,
                 hedges: list[list[FutureTrajectory]] = (), more: Callable[[], list[FutureTrajectory]] | None = None,
                 max_samples: int = 0, present: ClusterView | None = None,
-                to_end: bool = False) -> tuple[int, dict[int, float]]:
+                to_end: bool = False, screen: Screen | None = None) -> tuple[int, dict[int, float]]:
         """The best allocation to start in (no switch), by the mean score over samples of trajectories
         drawn from the priors (one sample's slowest trajectory is noise). With `more`, samples are
         added (up to `max_samples`) while the choice is still open: while some candidate within the
@@ -330,12 +343,16 @@ class Planner:
 
         Where the score is the last end, staying (colocation at the start, the present split before a
         step) is run first; when its mean is within the rule's margin of the samples' critical-path
-        floor, no candidate can be chosen over it and none is run (as `settled` in a plan)."""
+        floor, no candidate can be chosen over it and none is run (as `settled` in a plan).
+
+        `screen`: only its finalists run (`Planner.screen`, after a thinned start plan)."""
         n = self.cluster.num_engines
         current = current_split(present) if present is not None else None
         splits = self.candidates(current if current is not None else COLOCATED if self.allow_colocated else 1)
         if current is not None and current not in splits:
             splits.append(current)
+        if screen is not None:
+            splits = [k for k in splits if k in screen.finalists]
         if present is None:
             roles = {k: roles_for(k, n) for k in splits}
             now_roles, launched = None, None       # each candidate starts in its own roles
@@ -348,6 +365,7 @@ class Planner:
                                    step_start=present is not None)
         own: dict[int, list[float]] = {}
         stay = current if current is not None else COLOCATED if self.allow_colocated and not hedges else None
+        stay = stay if stay in splits else None
         if stay is not None and not self.on_mean_end(to_end):
             # each sample's critical-path floor is below every candidate's score on it: when staying's mean
             # is that close to the floors' mean, the rules below keep `stay` whatever the other candidates
@@ -358,6 +376,7 @@ class Planner:
             if (floor >= mean * (1 - self.hysteresis) if current is not None
                     else mean <= floor * (1 + INITIAL_TOLERANCE)):
                 self._last = {stay: mean}
+                self._start = ({stay: mean}, [])
                 return stay, {stay: mean}
         per = {k: own.get(k, []) for k in splits}
         samples = list(samples)
@@ -381,6 +400,7 @@ class Planner:
         scores = {k: float(np.mean(v)) for k, v in per.items()}
         self._last = scores
         best = min(live, key=lambda k: (scores[k], k))
+        self._start = ({k: scores[k] for k in live}, [])
         if current is not None:
             return (best if scores[best] < scores[current] * (1 - self.hysteresis) else current), scores
         if not hedges:
@@ -393,8 +413,18 @@ class Planner:
             return best, scores
         hedged = iter(self.runs(run, [(k, h) for h in hedges for k in splits]))
         mixes = [scores] + [{k: next(hedged) for k in splits} for _ in hedges]
-        regret = {k: max(m[k] / min(m.values()) for m in mixes) for k in splits}
+        edges = screen.edges if screen is not None else [1.0] * len(mixes)
+        regret = {k: max(m[k] / (min(m.values()) * edge) for m, edge in zip(mixes, edges)) for k in splits}
+        self._start = (regret, mixes)
         return min(splits, key=lambda k: (regret[k], scores[k], k)), scores
+
+    def screen(self) -> Screen:
+        """The last start plan (`initial`) as a screen: its finalists are the candidates within
+        SCREEN_MARGIN of the best by its rule."""
+        rule, mixes = self._start
+        top = min(rule.values())
+        finalists = sorted(k for k, v in rule.items() if v <= top * (1 + SCREEN_MARGIN))
+        return Screen(finalists, [min(m.values()) / min(m[k] for k in finalists) for m in mixes])
 
 
 def decode_left(futures: list[FutureTrajectory]) -> dict[int, float]:
@@ -428,6 +458,12 @@ INITIAL_TOLERANCE = 0.01   # a start this close to the best one is as good (a sh
 
 
 RACE_AFTER = 3   # every start candidate runs on this many samples; later ones go to those in reach
+
+
+# A thinned start plan's candidates this close to its best (a share of it) race again with every
+# trajectory simulated: thinned, the start's choice moved on two of twelve settings, each time to a
+# neighbour of the full plan's (docs/decisions/2026-12-07-screened-start.md).
+SCREEN_MARGIN = 0.05
 
 
 def paired_low(per: dict[int, list[float]], k: int, best: int, n: int) -> float:

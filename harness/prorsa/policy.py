@@ -193,8 +193,12 @@ class Prorsa(Policy):
         run's last phase). That end is a few trajectories' and a switch hangs on it; thinned, each of
         them weighs as the `weight` it stands for (docs/decisions/2026-12-06-plan-thinning.md)."""
         per_engine = (count or 0) / self.cluster.num_engines
+        self._weigh(min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1)
+
+    def _weigh(self, weight: int) -> None:
+        """The what-if simulates each trajectory as `weight` of them, its run's counts at that share."""
         whatif = self.planner.whatif
-        whatif.weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
+        whatif.weight = weight
         whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.run.mode == "async" else 0
         whatif.total = self._scaled(self.run.total_trajectories)
 
@@ -590,26 +594,37 @@ class Prorsa(Policy):
         as_step = run.mode == "sync" or whole
         group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
-        # a sample scored by its last end is drawn whole, then thinned by GRPO groups (by their longest
-        # chains: slice.py); one scored by its mean end is drawn at the thinned count
-        drawn = 1 if as_step else None
-        count = self._scaled(full, drawn)
+        # a thinned sample is drawn whole, then thinned (by GRPO groups where it is scored by its last
+        # end: by their longest chains, slice.py), so the screen's finalists race on the same draws whole
+        unit = (lambda ft: ft.trajectory_id // group) if as_step else (lambda ft: ft.trajectory_id)
+        count = self._scaled(full, 1)
         if run.mode == "async" and self.mix_forecast == "schedule" and run.step_weights:
             # an async start's sample spans several batches: each in its declared mix, as plans draw them
             def draw() -> list[FutureTrajectory]:
-                return self._scheduled(sampler, 0, full, 0, rng, group, drawn)
+                return self._scheduled(sampler, 0, full, 0, rng, group, 1)
         else:
             def draw() -> list[FutureTrajectory]:
                 return sampler.new(self.families, weights, count, 0, rng, group)
+        drawn: list[list[FutureTrajectory]] = []
 
         def sample() -> list[FutureTrajectory]:
-            return self._thinned(draw(), unit=lambda ft: ft.trajectory_id // group) if as_step else draw()
+            drawn.append(draw())
+            return self._thinned(drawn[-1], unit=unit)
         samples = [sample() for _ in range(first)]
-        hedges = []
-        if present is None and self._hedged_start():   # also weigh each family alone
-            hedges = [self._thinned(h) if as_step else h for h in sampler.each_family_alone(self.families, count, 0, rng)]
-        split, scores = self.planner.initial(samples, self._scaled(self.run.max_in_flight), hedges, sample,
+        whole_hedges = sampler.each_family_alone(self.families, count, 0, rng) \
+            if present is None and self._hedged_start() else []   # also weigh each family alone
+        hedges = [self._thinned(h, unit=unit) for h in whole_hedges]
+        in_flight = self.run.max_in_flight
+        split, scores = self.planner.initial(samples, self._scaled(in_flight), hedges, sample,
                                              self.initial_max_samples, present, to_end=whole)
+        screen = self.planner.screen() if self.weight > 1 else None
+        if screen is not None and len(screen.finalists) > 1:
+            # thinned, the plan was a screen: its finalists race again, every trajectory simulated
+            thinned_at = self.weight
+            self._weigh(1)
+            split, scores = self.planner.initial(drawn[:first], self._scaled(in_flight), whole_hedges, draw,
+                                                 self.initial_max_samples, present, to_end=whole, screen=screen)
+            self._weigh(thinned_at)
         self.plan_scores.append((now, scores))
         n = self.planner.cluster.num_engines
         log.debug("%s plan: %s -> %s", "initial" if present is None else f"t={now:.1f} step start",

@@ -115,12 +115,12 @@ class SimBackend:
         self._shared_host = cluster.contended_profile is not None
         self._running = [False] * cluster.num_engines
         self._num_running = 0
-        sglang = cluster.engine == "sglang"
         cfg = EngineConfig(memory_fraction=cluster.memory_fraction,
                            activation_reserve_bytes=cluster.activation_reserve_bytes, gpu_name=cluster.gpu.name,
+                           engine=cluster.engine,
                            scheduler=SchedulerConfig(prefill_budget=cluster.prefill_budget,
                                                      max_num_seqs=cluster.max_num_seqs, fast_forward=fast_forward,
-                                                     prefill_first=sglang, mixed_chunk=sglang and cluster.enable_mixed_chunk,
+                                                     mixed_chunk=cluster.enable_mixed_chunk,
                                                      cuda_graph_max_bs=cluster.cuda_graph_max_bs,
                                                      prefix_block_tokens=cluster.prefix_cache_block_tokens,
                                                      transfer_block_tokens=cluster.kv_transfer_block_tokens))

@@ -4,10 +4,11 @@ on its cost model, and `update_from_output()` applies the step and yields what i
 reports, prefill legs handed off), in order. The scheduler never calls out: the backend acts on what
 it returns.
 
-Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step:
-  - vllm (vLLM v1's scheduler): each step first gives every decoding sequence one token, then fills
+Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step, one
+class each (SCHEDULERS):
+  - vllm (`Scheduler`, vLLM v1's): each step first gives every decoding sequence one token, then fills
     the rest of the token budget (`max_num_batched_tokens`) with prefill chunks, FCFS;
-  - sglang (SGLang's scheduler): prefill first. A rank that can form a prefill batch (up to
+  - sglang (`SGLangScheduler`): prefill first. A rank that can form a prefill batch (up to
     `chunked_prefill_size` tokens) runs it and its decodes pause for that step, unless
     `enable_mixed_chunk` lets them ride along; with DP attention the other ranks' steps stretch to it.
     A decode step runs as a CUDA graph only if every rank decodes or idles and no rank's batch
@@ -173,7 +174,6 @@ class SchedulerConfig:
     prefill_budget: int             # prefill tokens per rank per step (vLLM: minus that step's decodes)
     max_num_seqs: int
     fast_forward: bool = True
-    prefill_first: bool = False     # SGLang: a rank with prefill work pauses its decodes for the step
     mixed_chunk: bool = False       # SGLang --enable-mixed-chunk: decodes join the prefill step
     cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
     prefix_block_tokens: int = 1    # a prefix-cache hit counts whole blocks of this many tokens (vLLM)
@@ -210,7 +210,8 @@ class Scheduler:
         self.cfg = cfg
         holders: dict[int, int] = {}
         self.ranks = [Rank(KVCacheManager(capacity, holders, 1 << i)) for i in range(ranks)]
-        self._all_decode = [True] * ranks    # vLLM semantics: every rank decodes in every step
+        self._all_decode = [True] * ranks    # every rank decodes in this step (unless `_prefills_alone`)
+        self._admits_beside_decodes = True   # waiting requests are admitted once the decode slots are reserved
         self._admit_counter = 0
         self._span_reserved = 0              # steps of the decode span under way whose KV is reserved
 
@@ -485,14 +486,14 @@ class Scheduler:
         a span of decode-only steps). `plan.idle`: nothing can run until a request arrives or a KV
         transfer ends."""
         cfg = self.cfg
-        prefill_first = cfg.prefill_first and not cfg.mixed_chunk
         max_seqs = cfg.max_num_seqs
+        admit = self._admits_beside_decodes
         outputs: list = []
         span = cfg.fast_forward             # while no rank so far rules out a fast-forward span
         steps = None                        # decode steps no rank so far can interrupt
-        decoding = [] if prefill_first else self._all_decode   # per rank: does it decode in this step
+        decoding = self._all_decode         # per rank: does it decode in this step (copied before a change)
         seqs, ctx = [], []                  # per rank: this step's decoding sequences and their context
-        for r in self.ranks:
+        for i, r in enumerate(self.ranks):
             kv = r.kv
             if r.ready:
                 for s in r.ready:
@@ -505,25 +506,21 @@ class Scheduler:
                         s.decode_started = True
                         outputs.append(Report(EventKind.DECODE_START, s))
                 r.ready.clear()
-            if prefill_first:
-                # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.
-                if r.waiting:
-                    self._admit(r, outputs)
-                if r.prefilling:
-                    decoding.append(False)
-                    seqs.append(0)
-                    ctx.append(0)
-                    span = False
-                    continue
-                decoding.append(True)
-            # vLLM's scheduler (and SGLang's decode batch or mixed chunk): running requests get their
-            # decode slot first, then new ones are admitted.
+            if self._prefills_alone(r, outputs):
+                if decoding is self._all_decode:
+                    decoding = list(decoding)
+                decoding[i] = False
+                seqs.append(0)
+                ctx.append(0)
+                span = False
+                continue
+            # Running requests get their decode slot first, then new ones are admitted.
             n = r.decode_n
             if n and not kv.allocate(n):   # a slot per decoding sequence, evicting prefixes if need be
                 self._reserve_decode_slots(r, outputs)   # else preempt until the rest fit
                 n = r.decode_n
                 kv.grow(n)
-            if r.waiting and not prefill_first:
+            if r.waiting and admit:
                 self._admit(r, outputs)
             seqs.append(n)
             ctx.append(r.decode_ctx)
@@ -568,6 +565,11 @@ class Scheduler:
                     plan.prefill.append((len(plan.chunks), tokens, attn_ctx, kv_read, requests))
             plan.chunks.append(rank_chunks)
         return plan
+
+    def _prefills_alone(self, r: Rank, outputs: list) -> bool:
+        """Whether rank `r`'s step is a prefill batch its decodes wait out. vLLM: never (each step gives
+        every decoding sequence its token, then fills the token budget with prefill chunks)."""
+        return False
 
     def update_from_output(self, plan: StepPlan, steps: int = 1) -> Iterator[Report | HandOff]:
         """Apply a finished step (or the first `steps` steps of a span): decode progress, prefill chunks
@@ -646,3 +648,25 @@ class Scheduler:
             s.status = _DONE
             r.kv.cache_prefix(s.request.trajectory_id, held)
             yield Report(EventKind.DECODE_END, s, s.request.output_tokens)
+
+
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
+class SGLangScheduler(Scheduler):
+    """SGLang's step semantics (python/sglang/srt/managers/scheduler.py, `get_next_batch_to_run`):
+    prefill first. A rank that can form a prefill batch runs it and its decodes pause for that step,
+    unless `--enable-mixed-chunk` lets them ride along (the step then is vLLM's: decode slots first)."""
+
+    def __init__(self, engine_id: int, cfg: SchedulerConfig, capacity: int, ranks: int):
+        super().__init__(engine_id, cfg, capacity, ranks)
+        self._admits_beside_decodes = cfg.mixed_chunk
+
+    def _prefills_alone(self, r: Rank, outputs: list) -> bool:
+        if self.cfg.mixed_chunk:
+            return False
+        if r.waiting:
+            self._admit(r, outputs)
+        return bool(r.prefilling)
+
+
+# Each engine's step semantics (`cluster.engine`): a third engine's is one more subclass here.
+SCHEDULERS: dict[str, type[Scheduler]] = {"vllm": Scheduler, "sglang": SGLangScheduler}

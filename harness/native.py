@@ -35,7 +35,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MODULES = ("harness.sim.kv_cache", "harness.sim.scheduler", "harness.sim.engine", "harness.sim.clock",
-           "harness.sim.backend", "harness.perf.cost_model", "harness.perf.roofline")
+           "harness.sim.view", "harness.sim.links", "harness.sim.backend", "harness.perf.cost_model", "harness.perf.roofline")
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "native"
 MANIFEST = BUILD / "manifest.json"

@@ -58,33 +58,27 @@ _PREFILLING, _DECODING, _DONE = RequestStatus.PREFILLING, RequestStatus.DECODING
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(eq=False, slots=True, init=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     request: TurnRequest
     route: Route
     leg: Leg
-    rank: int
-    status: RequestStatus
-    target: int                     # KV tokens to hold before decoding
-    computed: int                   # KV tokens present (cached + prefilled or moved)
-    prefilled: int                  # tokens prefilled by the current attempt
-    generated: int                  # output tokens (set on entering decode; see Rank.generated)
-    kv_held: int                    # KV tokens reserved on the rank
-    admit_seq: int
-    clock0: int                     # rank decode_clock when this request joined the decode batch
-    started_prefill: bool
-    recompute: bool                 # preempted before: prefill prompt + generated, no handoff
-    resumed: int                    # a decode moved here under way: output tokens it had generated
-    decode_started: bool            # a decode leg: DECODE_START reported (a moved decode: where it began)
+    target: int = 0                 # KV tokens to hold before decoding
+    resumed: int = 0                # a decode moved here under way: output tokens it had generated
+    rank: int = field(default=-1, init=False)
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    computed: int = field(default=0, init=False)                 # KV tokens present (cached + prefilled or moved)
+    prefilled: int = field(default=0, init=False)                # tokens prefilled by the current attempt
+    generated: int = field(default=0, init=False)                # output tokens (set on entering decode; see Rank.generated)
+    kv_held: int = field(default=0, init=False)                  # KV tokens reserved on the rank
+    admit_seq: int = field(default=0, init=False)
+    clock0: int = field(default=0, init=False)                   # rank decode_clock when this request joined the decode batch
+    started_prefill: bool = field(default=False, init=False)
+    recompute: bool = field(default=False, init=False)           # preempted before: prefill prompt + generated, no handoff
+    decode_started: bool = field(default=False, init=False)      # a decode leg: DECODE_START reported
 
-    def __init__(self, request: TurnRequest, route: Route, leg: Leg, target: int = 0, resumed: int = 0):
-        """Written out: mypyc compiles an __init__ of the source, while the one `dataclass` generates
-        runs interpreted (this one, Report's and StepPlan's were 3% of a 1,024-GPU run)."""
-        self.request, self.route, self.leg = request, route, leg
-        self.rank, self.status, self.target, self.computed, self.prefilled = -1, _WAITING, target, 0, 0
-        self.generated, self.kv_held, self.admit_seq, self.clock0 = 0, 0, 0, 0
-        self.started_prefill, self.recompute, self.resumed = False, False, resumed
-        self.decode_started = resumed > 0
+    def __post_init__(self) -> None:
+        self.decode_started = self.resumed > 0
 
     @property
     def trajectory_id(self) -> int:
@@ -92,37 +86,28 @@ class SimRequest:
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class Report:
     """A lifecycle event of a request, for the backend to report."""
     kind: EventKind
     request: SimRequest
-    tokens: int
-    extra_tokens: int
-
-    def __init__(self, kind: EventKind, request: SimRequest, tokens: int = 0, extra_tokens: int = 0):
-        self.kind, self.request, self.tokens, self.extra_tokens = kind, request, tokens, extra_tokens
+    tokens: int = 0
+    extra_tokens: int = 0
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class HandOff:
     """A disaggregated turn's prefill leg is done: its decode leg goes to the decode engine."""
     request: SimRequest
 
-    def __init__(self, request: SimRequest):
-        self.request = request
-
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class PullKV:
     """An admitted decode leg pulls `tokens` of KV (its prompt minus what this rank has cached)."""
     request: SimRequest
     tokens: int
-
-    def __init__(self, request: SimRequest, tokens: int):
-        self.request, self.tokens = request, tokens
 
 
 _NO_FINISH = 1 << 62   # Rank.next_finish when nothing decodes
@@ -181,7 +166,7 @@ class SchedulerConfig:
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class StepPlan:
     """What the next step runs, per rank, and what deciding it produced (preemptions, decode legs
     joining the batch, prefill starts, KV pulls of admitted decode legs), in order."""
@@ -190,13 +175,9 @@ class StepPlan:
     ctx: list[int]                  # their total context
     decoding: list[bool]            # does the rank decode in this step (SGLang: not while it prefills)
     graph: bool                     # the decode runs as a CUDA graph
-    span_steps: int                 # >= 2: that many decode-only steps nothing can interrupt
-    chunks: list                    # per rank: (request, tokens) prefill chunks
-    prefill: list                   # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
-
-    def __init__(self, outputs: list, seqs: list[int], ctx: list[int], decoding: list[bool], graph: bool):
-        self.outputs, self.seqs, self.ctx, self.decoding, self.graph = outputs, seqs, ctx, decoding, graph
-        self.span_steps, self.chunks, self.prefill = 0, [], []
+    span_steps: int = field(default=0, init=False)   # >= 2: that many decode-only steps nothing can interrupt
+    chunks: list = field(default_factory=list, init=False)    # per rank: (request, tokens) prefill chunks
+    prefill: list = field(default_factory=list, init=False)   # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
 
     @property
     def idle(self) -> bool:

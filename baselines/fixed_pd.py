@@ -15,7 +15,7 @@ from harness.routing import Balance, decode_load, pick, prefill_load
 class FixedPD(StaticPolicy):
     name = "fixed_pd"
 
-    def __init__(self, num_prefill: int = 1) -> None:
+    def __init__(self, *, num_prefill: int) -> None:
         super().__init__()
         self.num_prefill = num_prefill
 

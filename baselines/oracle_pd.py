@@ -58,8 +58,8 @@ class HoldRoles(Policy):
 class OraclePD(Policy):
     name = "oracle_pd"
 
-    def __init__(self, control_interval_s: float = 2.0, decision_interval_s: float = 20.0,
-                 allow_colocated: bool = True, name: str = "oracle_pd"):
+    def __init__(self, *, control_interval_s: float, decision_interval_s: float, allow_colocated: bool,
+                 name: str = "oracle_pd"):
         self.name = name
         self.control_interval_s = control_interval_s
         self.decision_interval_s = decision_interval_s

@@ -280,8 +280,8 @@ class DecodeFit:
 class Pearl(Policy):
     name = "pearl"
 
-    def __init__(self, control_interval_s: float = 0.5, hysteresis: float = 0.1, turn_overhead_s: float = 0.0,
-                 min_fit_points: int = 32):
+    def __init__(self, *, control_interval_s: float, hysteresis: float, turn_overhead_s: float,
+                 min_fit_points: int):
         self.control_interval_s = control_interval_s
         self.hysteresis, self.turn_overhead_s, self.min_fit_points = hysteresis, turn_overhead_s, min_fit_points
         self.prefix = PrefixTracker()

@@ -18,9 +18,8 @@ from harness.routing import Balance, PrefixTracker, route_by_role
 class ReactivePD(Policy):
     name = "reactive_pd"
 
-    def __init__(self, num_prefill: int = 2, control_interval_s: float = 2.0, prefill_queue_high: int = 32768,
-                 prefill_queue_low: int = 4096, decode_kv_high: float = 0.85, decode_kv_low: float = 0.6,
-                 min_dwell_s: float = 10.0):
+    def __init__(self, *, num_prefill: int, control_interval_s: float, prefill_queue_high: int,
+                 prefill_queue_low: int, decode_kv_high: float, decode_kv_low: float, min_dwell_s: float):
         if not 0 < decode_kv_low <= decode_kv_high <= 1:
             raise ValueError(f"policy.decode_kv_low={decode_kv_low}, policy.decode_kv_high={decode_kv_high} "
                              "are invalid; allowed: 0 < decode_kv_low <= decode_kv_high <= 1")

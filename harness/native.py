@@ -1,4 +1,4 @@
-"""The simulator's hot modules compiled with mypyc: 1.6-2x faster, the same results.
+"""The simulator's hot modules compiled with mypyc: 1.6-1.9x faster, the same results.
 
 `python scripts/build_native.py` (`make native`, part of `make run` and `make test`) compiles MODULES
 into build/native/ and records the sha256 of each source and the Python version there (manifest.json). Importing `harness` calls
@@ -9,9 +9,11 @@ So an edited simulator never runs old code, and results never depend on the buil
 interpreted simulators give the same lifecycle bytes (tests/test_native.py).
 
 Why compiled: a step of the simulator is a few hundred small Python operations per turn, spread evenly
-over the scheduler, KV cache, engine, cost model and backend (no hot spot left to rewrite), and the
-allocator's what-if runs the simulator tens to hundreds of times per run. mypyc compiles the same
-typed source to C (the mypy project compiles itself this way), so there is one simulator, not two.
+over the scheduler, KV cache, engine and backend (no hot spot left to rewrite), and the allocator's
+what-if runs the simulator tens to hundreds of times per run. mypyc compiles the same typed source to C
+(the mypy project compiles itself this way), so there is one simulator, not two. Which modules, on
+numbers (docs/decisions/2026-12-07-compiled-build.md): each one whose calls the others make natively;
+not perf/cost_model.py, whose numpy calls ran 5-9% faster interpreted.
 
 What compiling asks of those modules: their annotations are enforced at run time (a float where `int`
 is declared raises), and each class says how mypyc builds it: `@mypyc_attr(serializable=True,
@@ -35,7 +37,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MODULES = ("harness.sim.kv_cache", "harness.sim.scheduler", "harness.sim.engine", "harness.sim.clock",
-           "harness.sim.backend", "harness.perf.cost_model", "harness.perf.roofline")
+           "harness.sim.view", "harness.sim.links", "harness.sim.backend", "harness.perf.roofline")
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "native"
 MANIFEST = BUILD / "manifest.json"

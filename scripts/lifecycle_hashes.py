@@ -1,6 +1,7 @@
 """Lifecycle parquet hashes of a fixed set of simulator configurations.
 
-`python scripts/lifecycle_hashes.py --write` records them in scripts/lifecycle_hashes.json;
+`python scripts/lifecycle_hashes.py --write` records them in scripts/lifecycle_hashes.json (`--experiments`:
+and Prorsa's on every simulated experiment);
 without `--write` it reruns the set and reports every configuration whose lifecycle changed; `--print`
 prints them (tests/test_native.py compares the compiled simulator's with the sources'). A change to
 the simulator that must not move any result (a refactoring) keeps every hash.
@@ -51,7 +52,14 @@ CONFIGS = {
                                  "workload.batch_size=4"],
     "fixed_pd-heavy-sync-moe": ["+experiment=heavy_prefill", "policy=fixed_pd", "policy.num_prefill=3",
                                 "workload.batch_size=4"],
+    "fixed_pd-tooluse-sync-sglang": ["policy=fixed_pd", "workload=tooluse", "mode=sync", "cluster=moe_h200_sglang"],
+    "colocate-search-async-sglang-mixed": ["policy=colocate", "workload=search", "mode=async", "cluster=moe_h200_sglang",
+                                           "cluster.enable_mixed_chunk=true", "mode.max_in_flight=24"],
 }
+# `--experiments`: Prorsa on each simulated experiment of REPRODUCE.md (configs/experiment/), at the
+# small size above: the check for a refactoring of the policy or of what an experiment turns on.
+EXPERIMENTS = {f"prorsa-{p.stem}": [f"+experiment={p.stem}", "policy=prorsa"]
+               for p in sorted((ROOT / "configs" / "experiment").glob("*.yaml")) if not p.stem.startswith("vllm_cpu")}
 
 
 def lifecycle_hash(overrides: list[str]) -> str:
@@ -78,8 +86,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="record the hashes instead of checking them")
     ap.add_argument("--print", action="store_true", help="print the hashes (JSON) instead of checking them")
+    ap.add_argument("--experiments", action="store_true", help="also Prorsa on every simulated experiment")
     args = ap.parse_args()
-    hashes = {name: lifecycle_hash(ov) for name, ov in CONFIGS.items()}
+    configs = {**CONFIGS, **EXPERIMENTS} if args.experiments else CONFIGS
+    hashes = {name: lifecycle_hash(ov) for name, ov in configs.items()}
     if args.print:
         print(json.dumps(hashes, indent=1))
         return 0
@@ -94,8 +104,8 @@ def main() -> int:
                         "machine's rounding, not the code (record the base commit's hashes here first)",
                         data["recorded_on"], here)
     reference = data["hashes"]
-    changed = [n for n in CONFIGS if reference.get(n) != hashes[n]]
-    for name in CONFIGS:
+    changed = [n for n in configs if reference.get(n) != hashes[n]]
+    for name in configs:
         logging.info("%-34s %s", name, "CHANGED" if name in changed else "same")
     return 1 if changed else 0
 

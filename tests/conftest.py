@@ -33,6 +33,11 @@ def load_config(overrides: list[str]):
         return compose(config_name="config", overrides=["logger=none", *overrides])
 
 
+def policy_of(name: str, **overrides) -> Policy:
+    """The policy `name` as configs/policy/<name>.yaml builds it, with `overrides` (its defaults live there)."""
+    return instantiate(load_config([f"policy={name}"]).policy, **overrides)
+
+
 def simulate(overrides: list[str], policy=None, keep_events: bool = False):
     """Run one rollout in-process; returns (driver result, lifecycle frame, backend)."""
     result, backend = run_rollout(load_config(overrides), policy, keep_events)

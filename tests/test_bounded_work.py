@@ -10,12 +10,12 @@ import math
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
-from baselines.fixed_pd import FixedPD
 from baselines.reactive_pd import ReactivePD
 from harness.experiment import lifecycle_frame, run_experiment, run_rollout
 from harness.ticks import IDLE_TICKS
-from tests.conftest import load_config
+from tests.conftest import load_config, policy_of
 
 
 def trace(path, tool_latency_s: float, groups: int = 2, last_output_tokens: int = 10) -> None:
@@ -51,7 +51,9 @@ class CountingPD(ReactivePD):
     `latency_s`, each plan is applied that long after it (an event of the control tick's own)."""
 
     def __init__(self, control_interval_s: float, latency_s: float | None = None):
-        super().__init__(control_interval_s=control_interval_s)
+        settings = OmegaConf.to_container(load_config(["policy=reactive_pd"]).policy)
+        settings.pop("_target_")
+        super().__init__(**{**settings, "control_interval_s": control_interval_s})
         self.latency_s, self.asked = latency_s, []
 
     def plan(self, view):
@@ -85,7 +87,7 @@ def test_a_long_idle_tool_call_costs_plans_in_proportion_to_the_events(tmp_path,
     # but for the latency of the plan the sync step starts with.
     assert last["t_ready"] - first["t_decode_end"] == pytest.approx(TOOL_S, abs=1e-6)
     assert result.rollout_time_s == last["t_decode_end"]
-    static, _ = run_rollout(cfg, FixedPD(num_prefill=2))
+    static, _ = run_rollout(cfg, policy_of("fixed_pd", num_prefill=2))
     assert result.rollout_time_s == pytest.approx(static.rollout_time_s + (latency_s or 0.0), abs=1e-6)
 
     # Plans: on the grid while the turns run, IDLE_TICKS of them into the tool call, then a few doubling ones.

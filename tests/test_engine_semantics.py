@@ -274,7 +274,7 @@ def test_a_decode_moves_off_an_engine_turned_prefill_engine(migrate, fast_forwar
     if not migrate:
         assert (end.t, end.engine_id, moved) == (pytest.approx(4.1), 0, [])
         return
-    t = cluster.kv_transfer_setup_s + 102 * cluster.model.kv_bytes_per_token / backend._nic_bw
+    t = cluster.kv_transfer_setup_s + 102 * cluster.model.kv_bytes_per_token / backend.links.bw
     assert [(e.t, e.engine_id, e.tokens, e.extra_tokens) for e in moved] == [(pytest.approx(2.1), 1, 102, 3)]
     assert (end.t, end.engine_id) == (pytest.approx(4.1 + t), 1)
     assert backend.engines[0].scheduler.totals()[4] == 0     # no KV in use on engine 0

@@ -34,12 +34,12 @@ def test_the_compiled_modules_are_loaded_and_off_by_switch():
 
 @needs_build
 def test_compiled_and_source_simulators_give_the_same_lifecycle_bytes():
-    """The twelve configurations of scripts/lifecycle_hashes.py (every policy family, both modes, four
+    """The fourteen configurations of scripts/lifecycle_hashes.py (every policy family, both modes, four
     clusters, role switches and Prorsa's what-if runs) hash the same either way."""
     script = ["scripts/lifecycle_hashes.py", "--print"]
     compiled = json.loads(run_python(script, compiled=True))
     sources = json.loads(run_python(script, compiled=False))
-    assert len(compiled) == 12 and compiled == sources
+    assert len(compiled) == 14 and compiled == sources
 
 
 def fake_build(tmp_path, monkeypatch, sources: dict[str, str], python: str | None = None) -> None:

@@ -4,12 +4,12 @@ from dataclasses import replace
 
 import pytest
 
-from baselines.pearl import COLOCATED, DecodeFit, MakespanModel, Pearl, choose
+from baselines.pearl import COLOCATED, DecodeFit, MakespanModel, choose
 from harness.api import ClusterView, EngineState, FamilyPriors, LogNormalPrior, Role, RunInfo
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
 from harness.experiment import checked
-from tests.conftest import SMALL, cluster_of, load_config, simulate
+from tests.conftest import SMALL, cluster_of, load_config, policy_of, simulate
 
 HAND = MakespanModel(engines=4, batch=8, turns=3, new_tokens=100, output_tokens=10, gen_fraction=0.5, env_s=6.0,
                      overhead_s=0.1, kv_bytes_per_token=1000, link_bw=1e6, kv_per_seq=50, kv_per_decode_engine=200,
@@ -117,7 +117,7 @@ def view(roles: list[Role], now: float) -> ClusterView:
 
 
 def test_refit_from_one_step_of_events_and_decide_only_at_the_boundary():
-    p = Pearl(hysteresis=0.0)
+    p = policy_of("pearl", hysteresis=0.0)
     roles = p.initial_roles(cluster_of(["cluster=dense_h100"]), run_info(per_step=2))
     assert p.workload.new_tokens == pytest.approx((1000 + 2 * 300) / 3) and p.workload.turns == pytest.approx(3)
     events = []
@@ -149,7 +149,7 @@ def test_refit_from_one_step_of_events_and_decide_only_at_the_boundary():
 
 
 def test_plan_moves_as_few_engines_as_possible():
-    p = Pearl(hysteresis=0.0)     # kv_both: a switch costs nothing, so only the engines moved are at stake
+    p = policy_of("pearl", hysteresis=0.0)     # kv_both: a switch costs nothing, so only the engines moved are at stake
     p.initial_roles(cluster_of(["cluster=dense_h100", "cluster.switch_mechanism=kv_both"]), run_info(per_step=1))
     heavy = replace(FLIP, new_tokens=5000)           # best: 2 prefill engines
     for before, changed in (([Role.PREFILL] * 3 + [Role.DECODE] * 5, 1), ([Role.COLOCATED] * 8, 8)):
@@ -164,7 +164,7 @@ def test_plan_moves_as_few_engines_as_possible():
 
 @pytest.mark.parametrize("mode", [[], ["mode=async", "mode.max_in_flight=12"]])
 def test_end_to_end_completes_every_trajectory(mode):
-    p = Pearl()
+    p = policy_of("pearl")
     result, lifecycle, _ = simulate(SMALL + ["policy=pearl", *mode], policy=p)
     assert lifecycle.trajectory_id.nunique() == 2 * 24
     m = p.metrics()

@@ -23,8 +23,8 @@ def full_view(b: SimBackend) -> ClusterView:
             waiting_requests=sum(len(r.waiting) for r in rs), waiting_prefill_tokens=sum(r.pending_prefill for r in rs),
             running_requests=sum(len(r.running) for r in rs), decoding_requests=sum(r.decode_n for r in rs),
             kv_used_tokens=sum(r.kv.used for r in rs), kv_capacity_tokens=e.kv_capacity_tokens,
-            target_role=e.target_role, queued_kv_tokens=sum(r.waiting_kv for r in rs) + b._inbound_tokens[e.id],
-            inbound_requests=b._inbound[e.id], launched_as=e.launched_as))
+            target_role=e.target_role, queued_kv_tokens=sum(r.waiting_kv for r in rs) + b.views._inbound_tokens[e.id],
+            inbound_requests=b.views._inbound[e.id], launched_as=e.launched_as))
     return ClusterView(now=b.loop.now, engines=states)
 
 
@@ -84,7 +84,7 @@ def test_an_engine_list_changed_by_its_caller_is_scanned(small):
     assert engines.lookup is None
     assert pick(engines, last.engine_id, decode_load) is last
     stale = v.with_role(Role.COLOCATED)
-    backend.mark_stale(backend.engines[0])
+    backend.views.mark_stale(backend.engines[0])
     backend.view()                 # a newer view: the older one answers from its own engines
     assert pick(stale, None, decode_load) is min(stale, key=decode_load)
 
@@ -187,10 +187,10 @@ def test_a_dropped_view_lets_the_next_read_reuse_the_list(small):
     _, _, backend = simulate(small + ["policy=colocate", "mode.num_steps=1", "workload.batch_size=2"])
     states = backend.view().engines       # only the backend (and this name) hold it now
     del states
-    before = id(backend._states)
-    backend.mark_stale(backend.engines[0])
+    before = id(backend.views._states)
+    backend.views.mark_stale(backend.engines[0])
     backend.view()
-    assert id(backend._states) == before
+    assert id(backend.views._states) == before
     held = backend.view()
-    backend.mark_stale(backend.engines[0])
+    backend.views.mark_stale(backend.engines[0])
     assert backend.view().engines is not held.engines

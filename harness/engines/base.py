@@ -1,5 +1,5 @@
 """What every real-engine backend shares: the wall clock, timers, the router's bookkeeping, role
-switches as drain + switch, engine failures, and the per-leg log.
+switches as drain + switch, engine failures, and the per-leg log (legs.py).
 
 A subclass supplies the wire protocol (`_serve_turn`: the legs of one turn on the engines of its route)
 and, optionally, what a switch does on the server (`_apply_switch`). Everything runs on one asyncio
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.engines.legs import LegLog
 from harness.engines.server import auth_headers
 from harness.timeline import RoleTimeline
 
@@ -194,7 +195,7 @@ class HttpBackendBase:
         self._in_decode_end = False
         self._attempts: dict[tuple[int, int], int] = {}
         self._jobs: set[Job] = set()
-        self.leg_log: list[dict] = []
+        self.legs = LegLog()
         self.failures: list[dict] = []
         self.session = None
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan")
@@ -302,24 +303,11 @@ class HttpBackendBase:
 
     def leg_frame(self):
         """One row per leg: client times, tokens, server metrics, harness overhead (legs.parquet)."""
-        import pandas as pd
-        return pd.DataFrame(self.leg_log)
+        return self.legs.frame()
 
     def overhead(self) -> dict:
         """The harness's own time per leg against the server's time (see docs/engines.md)."""
-        import numpy as np
-        legs = [g for g in self.leg_log if g["status"] == "ok"]
-        if not legs:
-            return {}
-
-        def med(key):
-            vals = [g[key] for g in legs if g.get(key) is not None and not math.isnan(g[key])]
-            return float(np.median(vals)) if vals else math.nan
-        return {"legs": len(legs), "dispatch_ms_p50": med("dispatch_ms"), "handler_ms_p50": med("handler_ms"),
-                "client_ms_p50": med("client_ms"), "server_ms_p50": med("server_ms"),
-                "http_gap_ms_p50": med("http_gap_ms"),
-                "harness_cpu_s": self.run_cpu_s, "run_wall_s": self.run_wall_s,
-                "harness_cpu_ms_per_leg": 1000 * self.run_cpu_s / len(legs)}
+        return self.legs.overhead(self.run_cpu_s, self.run_wall_s)
 
     # --- extras (not in the contract) -----------------------------------------------------------
     def kill_engine(self, engine_id: int) -> None:
@@ -399,26 +387,9 @@ class HttpBackendBase:
             if not e.legs and e.busy_since is not None:
                 e.busy_s += self.now() - e.busy_since
                 e.busy_since = None
-            self._log_leg(job, leg)
+            self.legs.record(job.request.trajectory_id, job.request.turn, job.attempt, leg)
             if e.idle():
                 self._maybe_switch_ready(e)
-
-    def _log_leg(self, job: Job, leg: Leg) -> None:
-        s = leg.server
-        server_ms = None
-        if s.get("time_to_first_token_ms") is not None:
-            server_ms = (s.get("queue_time_ms") or 0) + s["time_to_first_token_ms"] + (s.get("generation_time_ms") or 0)
-        client_ms = 1000 * (leg.t_done - leg.t_submit)
-        self.leg_log.append({
-            "trajectory_id": job.request.trajectory_id, "turn": job.request.turn, "attempt": job.attempt,
-            "kind": leg.kind, "engine_id": leg.engine_id, "status": leg.status,
-            "prompt_tokens": leg.prompt_tokens, "output_tokens": leg.generated, "cached_tokens": leg.cached_tokens,
-            "t_ready": leg.t_ready, "t_submit": leg.t_submit, "t_first": leg.t_first, "t_done": leg.t_done,
-            "client_ms": client_ms, "server_ms": server_ms,
-            "http_gap_ms": None if server_ms is None else client_ms - server_ms,
-            "dispatch_ms": 1000 * (leg.t_submit - leg.t_ready), "handler_ms": 1000 * leg.handler_s,
-            **{f"server_{k}": v for k, v in s.items() if isinstance(v, (int, float)) or v is None},
-        })
 
     def _emit(self, e: LifecycleEvent) -> None:
         if e.kind == K.DECODE_END:

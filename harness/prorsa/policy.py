@@ -193,7 +193,8 @@ class Prorsa(Policy):
         run's last phase). That end is a few trajectories' and a switch hangs on it; thinned, each of
         them weighs as the `weight` it stands for (docs/decisions/2026-12-06-plan-thinning.md)."""
         per_engine = (count or 0) / self.cluster.num_engines
-        self._weigh(min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1)
+        weight = min(max(1, int(per_engine // self.plan_per_engine)), self.max_weight) if self.plan_per_engine else 1
+        self._weigh(weight)
 
     def _weigh(self, weight: int) -> None:
         """The what-if simulates each trajectory as `weight` of them, its run's counts at that share."""

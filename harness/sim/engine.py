@@ -18,8 +18,8 @@ from mypy_extensions import mypyc_attr
 from harness.api import Role
 from harness.perf.cost_model import CostModel
 from harness.perf.roofline import Parallelism
-from harness.sim.scheduler import (SCHEDULERS, HandOff, Leg, Report, RequestStatus, Scheduler, SchedulerConfig, SimRequest,
-                                   StepPlan)
+from harness.sim.scheduler import (SCHEDULERS, HandOff, Leg, Report, RequestStatus, Scheduler, SchedulerConfig,
+                                   SimRequest, StepPlan)
 
 
 @mypyc_attr(native_class=False)

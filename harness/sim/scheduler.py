@@ -67,15 +67,20 @@ class SimRequest:
     resumed: int = 0                # a decode moved here under way: output tokens it had generated
     rank: int = field(default=-1, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
-    computed: int = field(default=0, init=False)                 # KV tokens present (cached + prefilled or moved)
-    prefilled: int = field(default=0, init=False)                # tokens prefilled by the current attempt
-    generated: int = field(default=0, init=False)                # output tokens (set on entering decode; see Rank.generated)
-    kv_held: int = field(default=0, init=False)                  # KV tokens reserved on the rank
+    # KV tokens present (cached + prefilled or moved)
+    computed: int = field(default=0, init=False)
+    prefilled: int = field(default=0, init=False)         # tokens prefilled by the current attempt
+    # output tokens (set on entering decode; see Rank.generated)
+    generated: int = field(default=0, init=False)
+    kv_held: int = field(default=0, init=False)           # KV tokens reserved on the rank
     admit_seq: int = field(default=0, init=False)
-    clock0: int = field(default=0, init=False)                   # rank decode_clock when this request joined the decode batch
+    # the rank's decode_clock when this request joined the decode batch
+    clock0: int = field(default=0, init=False)
     started_prefill: bool = field(default=False, init=False)
-    recompute: bool = field(default=False, init=False)           # preempted before: prefill prompt + generated, no handoff
-    decode_started: bool = field(default=False, init=False)      # a decode leg: DECODE_START reported
+    # preempted before: prefill prompt + generated, no handoff
+    recompute: bool = field(default=False, init=False)
+    # a decode leg: DECODE_START reported (a moved decode: where it began)
+    decode_started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.decode_started = self.resumed > 0
@@ -175,9 +180,12 @@ class StepPlan:
     ctx: list[int]                  # their total context
     decoding: list[bool]            # does the rank decode in this step (SGLang: not while it prefills)
     graph: bool                     # the decode runs as a CUDA graph
-    span_steps: int = field(default=0, init=False)   # >= 2: that many decode-only steps nothing can interrupt
-    chunks: list = field(default_factory=list, init=False)    # per rank: (request, tokens) prefill chunks
-    prefill: list = field(default_factory=list, init=False)   # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
+    # >= 2: that many decode-only steps nothing can interrupt
+    span_steps: int = field(default=0, init=False)
+    # per rank: (request, tokens) prefill chunks
+    chunks: list = field(default_factory=list, init=False)
+    # per rank with prefill: (rank, tokens, attn ctx, KV read, requests)
+    prefill: list = field(default_factory=list, init=False)
 
     @property
     def idle(self) -> bool:

@@ -1371,7 +1371,8 @@ def test_whatif_weight_update_flushes_the_prefix_caches():
     def end_of_1(update_every, total):
         first = FutureTrajectory(0, "f", 0.0, [FutureTurn(100, 0, 20, 0.0)])
         back = FutureTrajectory(1, "f", 2.0, [FutureTurn(20_100, 20_000, 10, 0.0)], decode_engine=0, prefill_engine=0)
-        w = WhatIf(cluster, 5, 4.0, update_every=update_every, total=total)
+        w = WhatIf(cluster, 5, 4.0)
+        w.update_every, w.total = update_every, total
         ends = w.run([first, back], roles, roles).ends
         assert len(ends) == 2 and ends[0] < 2.0
         return ends[1]
@@ -1384,7 +1385,8 @@ def test_whatif_weight_update_flushes_the_prefix_caches():
 def test_whatif_weight_update_instants_known_answers():
     """Updates every 4 completions, 6 completed so far, 12 in the run: the what-if's 2nd end is the
     8th completion (an update); its 6th end would be the 12th, the run's last (none)."""
-    w = WhatIf(cluster_of(["cluster=dense8_h100"]), 5, 4.0, update_every=4, total=12)
+    w = WhatIf(cluster_of(["cluster=dense8_h100"]), 5, 4.0)
+    w.update_every, w.total = 4, 12
     w.completed = 6
     assert w._weight_updates(10) == {2}
     w.completed = 0
@@ -1633,7 +1635,8 @@ def test_whatif_holds_new_trajectories_back_as_the_drivers_staleness_does(stalen
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
     long = FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 0, 3_000, 0.0)])
     new = [FutureTrajectory(-1 - i, "f", 0.0, [FutureTurn(500, 0, 10, 0.0)]) for i in range(3)]
-    whatif = WhatIf(cluster, 5, 4.0, update_every=2, total=100, staleness=staleness)
+    whatif = WhatIf(cluster, 5, 4.0, staleness=staleness)
+    whatif.update_every, whatif.total = 2, 100
     whatif.started, whatif.completed = 1, 0   # the live one started; nothing completed
     ends = sorted(whatif.run([long], [Role.COLOCATED] * 2, [Role.COLOCATED] * 2, new, max_in_flight=4).ends)
     alone = WhatIf(cluster, 5, 4.0).run([long], [Role.COLOCATED] * 2, [Role.COLOCATED] * 2).ends[0]

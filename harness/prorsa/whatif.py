@@ -634,19 +634,20 @@ def _switch(backend: SimBackend, roles_now: list[Role], roles: list[Role]) -> No
 class WhatIf:
     """Runs the simulator forward from the present under a candidate allocation."""
 
-    def __init__(self, cluster: ClusterConfig, bins: int, bin_s: float, update_every: int = 0, total: int = 0,
-                 staleness: int | None = None):
-        """`update_every` (async): the trainer updates the weights after every `update_every` completed
+    def __init__(self, cluster: ClusterConfig, bins: int, bin_s: float, staleness: int | None = None):
+        """What the policy sets before a plan (at the plan's share of the run: slice.py):
+        `update_every` (async): the trainer updates the weights after every `update_every` completed
         trajectories of the `total` the run has (harness/rollout.py), and each update flushes every
         prefix cache when the cluster does so (`flush_prefix_cache_on_weight_update`). Measured without
         it on many short turns (synthetic, 15 turns, moe_h200, async): at 1P7D the what-if on the true
         scripts predicted a mean end of 35.7 s where the run took 38.5 s, its single prefill engine
         recomputing every live context after each update."""
         self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
-        self.weight = 1           # each simulated trajectory stands for this many (slice.py); the policy sets it
-        self.update_every, self.total = update_every, total
+        self.weight = 1           # each simulated trajectory stands for this many (slice.py)
+        self.update_every = 0     # 0: no weight update within a what-if
+        self.total = 0
         self.staleness = staleness   # async: the driver's staleness (None: no such rule)
-        self.completed = 0        # trajectories the run has completed; the policy sets both before a plan
+        self.completed = 0        # trajectories the run has completed
         self.started = 0          # ... and started
         self.placement: DecodeWork | None = None   # the policy's decode placement by forecast work, if any
         self.events = 0           # simulator events of every what-if run so far (a plan's cost)

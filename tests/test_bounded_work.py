@@ -10,7 +10,6 @@ import math
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 
 from baselines.reactive_pd import ReactivePD
 from harness.experiment import lifecycle_frame, run_experiment, run_rollout
@@ -50,10 +49,8 @@ class CountingPD(ReactivePD):
     """reactive_pd (which never switches on this load) recording when it is asked to plan; with
     `latency_s`, each plan is applied that long after it (an event of the control tick's own)."""
 
-    def __init__(self, control_interval_s: float, latency_s: float | None = None):
-        settings = OmegaConf.to_container(load_config(["policy=reactive_pd"]).policy)
-        settings.pop("_target_")
-        super().__init__(**{**settings, "control_interval_s": control_interval_s})
+    def __init__(self, latency_s: float | None = None, **settings):
+        super().__init__(**settings)
         self.latency_s, self.asked = latency_s, []
 
     def plan(self, view):
@@ -78,7 +75,8 @@ def test_a_long_idle_tool_call_costs_plans_in_proportion_to_the_events(tmp_path,
     trace(tmp_path / "t.jsonl", TOOL_S, groups=1, last_output_tokens=200)   # one trajectory, its last turn ~2 s
     cfg = load_config(["workload=trace", f"workload.path={tmp_path / 't.jsonl'}", "mode.num_steps=1",
                        "policy=reactive_pd"])
-    policy = CountingPD(CONTROL_S, latency_s)
+    policy = policy_of("reactive_pd", _target_=f"{__name__}.CountingPD", control_interval_s=CONTROL_S,
+                       latency_s=latency_s)
     result, _ = run_rollout(cfg, policy)
     turns = lifecycle_frame(result).sort_values("turn")
     first, last = turns.iloc[0], turns.iloc[1]

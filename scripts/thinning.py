@@ -20,7 +20,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from generalization import SETTINGS as GENERALIZATION  # noqa: E402
-from study import hindsight_best, main, publish, summaries, sweep  # noqa: E402
+from study import colocate_run, hindsight_best, main, publish, slug, summaries, sweep, sweep_statics  # noqa: E402
 
 PLANS = {"full": "null", "8 per engine": "8"}   # name -> policy.plan_per_engine
 # The first eight were run with every plan thinned (16 and 8 per engine) before the rule of
@@ -40,18 +40,11 @@ SETTINGS |= {name: GENERALIZATION[name] for name in SCREEN_HELD_OUT}
 HELD_OUT = SCREEN_HELD_OUT + ("capture_alternate_sync", "capture_drift_sync", "capture_flip_async_drain",
                               "capture_flip_async_reverse", "browse", "shift_reason_browse",
                               "shift_reason_browse_kvboth", "shift_reason_browse_dense8")
-SPLITS = "1,2,3,4,5,6,7"
-
-
-def slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
 def run(out: Path, settings: list[str], seeds: str) -> None:
     for setting in settings:
-        sweep(out / setting / "statics", [*SETTINGS[setting], f"seed={seeds}", "policy=colocate"])
-        sweep(out / setting / "statics", [*SETTINGS[setting], f"seed={seeds}", "policy=fixed_pd",
-                                          f"policy.num_prefill={SPLITS}"])
+        sweep_statics(out / setting / "statics", [*SETTINGS[setting], f"seed={seeds}"])
         for name, value in PLANS.items():
             sweep(out / setting / slug(name), [*SETTINGS[setting], f"seed={seeds}", "policy=prorsa",
                                                f"policy.plan_per_engine={value}"])
@@ -68,7 +61,7 @@ def table(out: Path) -> pd.DataFrame:
                 best, base = hindsight_best(statics, r.seed), full[full.seed == r.seed]
                 if best is None or base.empty:
                     continue   # not every static, or not the full plan, ran at this seed
-                colocate = statics[(statics.seed == r.seed) & (statics.policy == "colocate")].iloc[0]
+                colocate = colocate_run(statics, r.seed)
                 rows.append({"setting": setting + (" (held out)" if setting in HELD_OUT else ""), "plan": name,
                              "seed": r.seed, "prorsa_s": r.rollout_time_s,
                              "full_plan_s": base.rollout_time_s.iloc[0], "hindsight_best_s": best.rollout_time_s,

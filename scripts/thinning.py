@@ -21,6 +21,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).parent))
 from generalization import SETTINGS as GENERALIZATION  # noqa: E402
 from study import colocate_run, hindsight_best, main, publish, slug, summaries, sweep, sweep_statics  # noqa: E402
+from harness.sweep import unnamed  # noqa: E402
 
 PLANS = {"full": "null", "8 per engine": "8"}   # name -> policy.plan_per_engine
 # The first eight were run with every plan thinned (16 and 8 per engine) before the rule of
@@ -44,10 +45,12 @@ HELD_OUT = SCREEN_HELD_OUT + ("capture_alternate_sync", "capture_drift_sync", "c
 
 def run(out: Path, settings: list[str], seeds: str) -> None:
     for setting in settings:
-        sweep_statics(out / setting / "statics", [*SETTINGS[setting], f"seed={seeds}"])
+        # the setting's keys stay out of the job names (its folder says them): a generalization setting's
+        # ten workload keys overflow the file-name limit
+        named = [*SETTINGS[setting], unnamed(SETTINGS[setting]), f"seed={seeds}"]
+        sweep_statics(out / setting / "statics", named)
         for name, value in PLANS.items():
-            sweep(out / setting / slug(name), [*SETTINGS[setting], f"seed={seeds}", "policy=prorsa",
-                                               f"policy.plan_per_engine={value}"])
+            sweep(out / setting / slug(name), [*named, "policy=prorsa", f"policy.plan_per_engine={value}"])
 
 
 def table(out: Path) -> pd.DataFrame:

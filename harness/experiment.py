@@ -41,7 +41,7 @@ from harness import schema
 from harness.cluster import ClusterConfig, cluster_from_config, is_number
 from harness.metrics import lower_bound_s, turn_latency_percentiles
 from harness.policy import Policy
-from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult, run_batches
+from harness.rollout import ModeConfig, PlanRecord, RolloutDriver, RolloutResult, plan_cpu_s, run_batches
 from harness.serve import TokenTimes, check_serve, serve_metrics
 from harness.timeline import COLUMNS as TIMELINE_COLUMNS
 from harness.progress import Progress
@@ -191,7 +191,9 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
     label = progress_label(policy, workload, mode, cluster, cfg.seed)
     wall0 = time.perf_counter()   # the policy's start plan is part of what the run costs
     log.info("[%s] %s plans the start allocation", label, policy.name)   # seconds for a planning policy
+    cpu0 = plan_cpu_s()
     roles = policy.initial_roles(cluster, run_info(mode, workload))
+    start_cpu_s = plan_cpu_s() - cpu0
     backend = build_backend(cfg, cluster, roles)
     driver = RolloutDriver(workload, policy, backend, mode)
     tokens = None
@@ -215,7 +217,7 @@ def run_experiment(cfg: DictConfig, out_dir: str | os.PathLike, run_name: str = 
         result = driver.run()
     wall = time.perf_counter() - wall0
     lifecycle = lifecycle_frame(result)
-    summary = summarize(cfg, cluster, mode, workload, result, lifecycle, backend, wall, policy.name)
+    summary = summarize(cfg, cluster, mode, workload, result, lifecycle, backend, wall, policy.name, start_cpu_s)
     summary.update(policy.metrics())
     if tokens is not None:
         summary.update(serve_metrics(lifecycle, tokens.itl(), result.rollout_time_s,
@@ -347,7 +349,7 @@ def lifecycle_frame(result: RolloutResult) -> pd.DataFrame:
 
 
 def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, workload: Workload, result: RolloutResult,
-              df: pd.DataFrame, backend, wall_s: float, policy_name: str) -> dict:
+              df: pd.DataFrame, backend, wall_s: float, policy_name: str, start_cpu_s: float) -> dict:
     done = int(df.groupby("trajectory_id")["t_decode_end"].apply(lambda s: s.notna().all()).sum()) if len(df) else 0
     batches = run_batches(workload, mode)
     if mode.name == "serve":   # all requests at once, at most max_concurrency in flight (arrivals only add)
@@ -368,6 +370,7 @@ def summarize(cfg, cluster: ClusterConfig, mode: ModeConfig, workload: Workload,
         "preemptions": int(df["preemptions"].sum()),
         "step_times_s": [b - a for a, b in result.step_windows],
         "wall_time_s": wall_s,
+        "start_plan_cpu_s": start_cpu_s,   # the policy's start plan (`initial_roles`), its workers included
     }
     events = event_count(backend)   # the simulator's only
     if events is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from study import hindsight_best, main, publish, summaries, sweep  # noqa: E402
+from study import hindsight_best, main, publish, summaries, sweep, sweep_statics  # noqa: E402
 
 SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_sync", "capture_alternate_sync",
             "capture_flip_async_reverse")
@@ -26,7 +26,6 @@ SETTINGS = ("capture_flip_async", "capture_flip_async_drain", "capture_drift_syn
 # seeds 3-5 of the two settings where the oracle gained, and a setting of its own at seeds 0-2.
 HELD_OUT = {*((s, seed) for s in ("capture_flip_async", "capture_flip_async_drain") for seed in (3, 4, 5)),
             *(("capture_flip_async_reverse", seed) for seed in (0, 1, 2))}
-SPLITS = "1,2,3,4,5,6,7"
 ORACLE = ["policy=oracle_pd", "policy.decision_interval_s=50"]   # fork and compare every 50 simulated s
 MIN_ORACLE_GAIN = 0.03   # settings where the oracle beats hindsight_best by at least this share count
 
@@ -34,8 +33,7 @@ MIN_ORACLE_GAIN = 0.03   # settings where the oracle beats hindsight_best by at 
 def run(out: Path, settings: list[str], seeds: str) -> None:
     for setting in settings:
         where, exp = out / setting, f"+experiment={setting}"
-        sweep(where / "statics", [exp, f"seed={seeds}", "policy=colocate"])
-        sweep(where / "statics", [exp, f"seed={seeds}", "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
+        sweep_statics(where / "statics", [exp, f"seed={seeds}"])
         sweep(where / "prorsa", [exp, f"seed={seeds}", "policy=prorsa"])
         sweep(where / "oracle", [exp, f"seed={seeds}", *ORACLE])
         sweep(where / "prorsa_evidence", [exp, f"seed={seeds}", "policy=prorsa", "policy.switch_rule=evidence"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from study import hindsight_best, main, publish, summaries, sweep  # noqa: E402
+from study import colocate_run, hindsight_best, main, publish, slug, summaries, sweep, sweep_statics  # noqa: E402
 
 
 # The world as the H200 forward passes of Qwen3-30B-A3B measured it (results/calibration/h200_profile.json,
@@ -39,11 +39,6 @@ CONDITIONS = {
 SETTINGS = {"heavy_prefill": ["+experiment=heavy_prefill"], "tooluse_async": ["+experiment=tooluse_async"],
             "kvboth_async": ["+experiment=shift_reason_browse_kvboth"],
             "shift_sync": ["+experiment=shift_reason_browse_sync"]}
-SPLITS = "1,2,3,4,5,6,7"
-
-
-def slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
 def run(out: Path, settings: list[str], seeds: str) -> None:
@@ -51,8 +46,7 @@ def run(out: Path, settings: list[str], seeds: str) -> None:
         worlds = {tuple(world) for world, _ in CONDITIONS.values()}
         for world in sorted(worlds):
             where = out / setting / ("statics_h200" if world else "statics")
-            sweep(where, [*SETTINGS[setting], *world, f"seed={seeds}", "policy=colocate"])
-            sweep(where, [*SETTINGS[setting], *world, f"seed={seeds}", "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
+            sweep_statics(where, [*SETTINGS[setting], *world, f"seed={seeds}"])
         for name, (world, model) in CONDITIONS.items():
             sweep(out / setting / slug(name), [*SETTINGS[setting], *world, *model, f"seed={seeds}", "policy=prorsa"])
 
@@ -69,7 +63,7 @@ def table(out: Path) -> pd.DataFrame:
                 best = hindsight_best(statics, r.seed)
                 if best is None:
                     continue   # not every static ran at this seed
-                colocate = statics[(statics.seed == r.seed) & (statics.policy == "colocate")].rollout_time_s.iloc[0]
+                colocate = colocate_run(statics, r.seed).rollout_time_s
                 rows.append({"setting": setting, "condition": name, "seed": r.seed, "prorsa_s": r.rollout_time_s,
                              "hindsight_best_s": best.rollout_time_s, "best_static": best.split,
                              "colocate_s": colocate, "vs_hindsight_best": best.rollout_time_s / r.rollout_time_s,

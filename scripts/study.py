@@ -1,5 +1,6 @@
-"""What the study scripts (robustness.py, capture.py) share: a resumable Hydra multirun per block, the
-summaries of a block's runs, and their `run | table` command line."""
+"""What the study scripts (robustness.py, capture.py, thinning.py) share: a resumable Hydra multirun per
+block, the static allocations every study compares with, the summaries of a block's runs, and their
+`run | table` command line."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ import pandas as pd
 
 log = logging.getLogger("study")
 ROOT = Path(__file__).resolve().parents[1]
+SPLITS = "1,2,3,4,5,6,7"   # the fixed splits of an 8-engine cluster (hindsight_best needs all seven)
 
 
 def sweep(out: Path, overrides: list[str]) -> None:
@@ -22,6 +24,17 @@ def sweep(out: Path, overrides: list[str]) -> None:
     cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", *overrides]
     log.info("%s", " ".join(cmd[1:]))
     subprocess.run(cmd, cwd=ROOT, check=False)
+
+
+def sweep_statics(out: Path, overrides: list[str]) -> None:
+    """Colocation and every fixed split of an 8-engine cluster, as two multiruns into `out`."""
+    sweep(out, [*overrides, "policy=colocate"])
+    sweep(out, [*overrides, "policy=fixed_pd", f"policy.num_prefill={SPLITS}"])
+
+
+def slug(name: str) -> str:
+    """A condition's name as a folder name."""
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
 def split_label(job_dir: str) -> str:
@@ -52,6 +65,11 @@ def hindsight_best(statics: pd.DataFrame, seed: int) -> pd.Series | None:
     """The fastest of colocation and the seven fixed splits at `seed` (None unless all eight ran)."""
     st = statics[statics.seed == seed]
     return st.loc[st.rollout_time_s.idxmin()] if len(st) >= 8 else None
+
+
+def colocate_run(statics: pd.DataFrame, seed: int) -> pd.Series:
+    """Colocation's run at `seed`."""
+    return statics[(statics.seed == seed) & (statics.policy == "colocate")].iloc[0]
 
 
 def publish(out: Path, name: str, df: pd.DataFrame, lines: list[str] | None) -> None:

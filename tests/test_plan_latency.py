@@ -89,6 +89,7 @@ def test_prorsa_charges_its_plan_latency_and_reports_it(tmp_path):
     summary = run_experiment(load_config(base + ["policy.plan_latency=5"]), tmp_path / "five")
     assert summary["plans"] >= 2 and summary["plan_latency_s_p50"] == pytest.approx(5.0)
     assert summary["plan_latency_s_max"] == pytest.approx(5.0) and summary["plan_cpu_s_max"] > 0
+    assert summary["start_plan_cpu_s"] > 0   # the start plan ran what-ifs: its CPU is reported apart
     on_disk = json.loads((tmp_path / "five" / "summary.json").read_text())
     assert {k: on_disk[k] for k in summary if k.startswith("plan")} == {k: summary[k] for k in summary if k.startswith("plan")}
     from harness.experiment import run_rollout

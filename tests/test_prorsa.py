@@ -460,7 +460,7 @@ def test_initial_plan_hedges_against_another_mix():
 def test_screened_start_races_its_finalists_against_every_candidates_best():
     """A thinned start plan is a screen (Planner.screen). Hedged regrets on the screen's table (as in
     the test above): colocated max(100/90, 150/100) = 1.5, 1P 4.0, 2P max(95/90, 120/100) = 1.2, 3P
-    max(110/90, 100/100) = 1.222; within SCREEN_MARGIN (5%) of 1.2: 2P and 3P. Per mix, the best of
+    max(110/90, 100/100) = 1.222; within SCREEN_MARGIN (10%) of 1.2: 2P and 3P. Per mix, the best of
     all over the best finalist: mix a 90/95 (1P is best there), mix b 100/100. The race on the full
     table runs the finalists only; mix a's yardstick stays 1P's: 96 x 90/95 = 90.95, so 2P's worst
     ratio is max(96/90.95, 118/104) = 1.135 and 3P's max(108/90.95, 104/104) = 1.188: 2P. Against the

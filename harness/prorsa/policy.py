@@ -616,9 +616,12 @@ class Prorsa(Policy):
             if present is None and self._hedged_start() else []   # also weigh each family alone
         hedges = [self._thinned(h, unit=unit) for h in whole_hedges]
         in_flight = self.run.max_in_flight
-        split, scores = self.planner.initial(samples, self._scaled(in_flight), hedges, sample,
+        # a thinned plan is a screen: it draws no sample past the first, since its close calls race again
+        # in full, which draws more while the choice is open
+        screening = self.weight > 1
+        split, scores = self.planner.initial(samples, self._scaled(in_flight), hedges, None if screening else sample,
                                              self.initial_max_samples, present, to_end=whole)
-        screen = self.planner.screen() if self.weight > 1 else None
+        screen = self.planner.screen() if screening else None
         if screen is not None and len(screen.finalists) > 1:
             # thinned, the plan was a screen: its finalists race again, every trajectory simulated
             thinned_at = self.weight

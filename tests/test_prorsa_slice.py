@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from harness.api import ClusterView, EngineState, Role, Route
 from harness.experiment import run_info
+from harness.prorsa.planner import Planner
 from harness.prorsa.slice import ClusterSlice, cluster_split, home, scaled, thinned
 from harness.allocation import COLOCATED, roles_for
 from harness.prorsa.tracker import Phase, TrajectoryState
@@ -106,6 +107,23 @@ def test_a_thinned_plan_chooses_the_start_the_full_plan_chooses():
     assert full.count(Role.PREFILL) > full.count(Role.DECODE)
     assert start_split(8, 32, "policy.plan_per_engine=16") == full
     assert start_split(8, 32, "policy.plan_per_engine=8") == full
+
+
+def test_a_thinned_start_draws_no_more_samples_and_its_race_does(monkeypatch):
+    """The thinned start plan is a screen: it runs on the samples drawn first, with no sampler for more;
+    the race of its finalists (every trajectory simulated) gets one, to sample while its choice is open
+    (Prorsa._initial_split). heavy_prefill's screen here leaves more than one finalist."""
+    calls = []
+    initial = Planner.initial
+
+    def recorded(self, samples, max_in_flight, hedges=(), more=None, *rest, **named):
+        calls.append((self.whatif.weight, more is not None, named.get("screen") is not None))
+        return initial(self, samples, max_in_flight, hedges, more, *rest, **named)
+    monkeypatch.setattr(Planner, "initial", recorded)
+    start_split(8, 32, "policy.plan_per_engine=8")
+    screen, race = calls
+    assert screen[0] > 1 and not screen[1] and not screen[2]
+    assert race == (1, True, True)
 
 
 def two_turns(tid: int) -> FutureTrajectory:

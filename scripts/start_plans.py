@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -18,16 +17,19 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).parent))
 from study import ROOT, publish  # noqa: E402
 from thinning import SETTINGS  # noqa: E402
+from harness.allocation import COLOCATED  # noqa: E402
 from harness.api import Role  # noqa: E402
 from harness.experiment import build_parts, run_info, static_rollout_s  # noqa: E402
 from harness.prorsa.planner import SCREEN_MARGIN, Planner, Screen  # noqa: E402
+from harness.prorsa.policy import split_name  # noqa: E402
+from harness.rollout import plan_cpu_s  # noqa: E402
 
 PLANS = {"full": "null", "thinned": "8"}   # name -> policy.plan_per_engine
 
 
 def start_plan(overrides: list[str]) -> dict:
-    """The start plan of one configuration: its choice, process CPU seconds, and the thinned screen's
-    finalists (0: the plan did not thin)."""
+    """The start plan of one configuration: its choice, CPU seconds (as summary.json's start_plan_cpu_s)
+    and the thinned screen's finalists (0: the plan did not thin)."""
     cfg = compose("config", overrides=[*overrides, "policy=prorsa", "logger=none", "policy.plan_workers=1"])
     parts = build_parts(cfg)
     parts.policy.attach_simulator(partial(static_rollout_s, cfg, parts.cluster, parts.mode))
@@ -38,13 +40,12 @@ def start_plan(overrides: list[str]) -> dict:
         return screens[-1]
     screen, Planner.screen = Planner.screen, recorded
     try:
-        cpu = time.process_time()
+        cpu = plan_cpu_s()
         roles = parts.policy.initial_roles(parts.cluster, run_info(parts.mode, parts.workload))
-        cpu = time.process_time() - cpu
+        cpu = plan_cpu_s() - cpu
     finally:
         Planner.screen = screen
-    prefill = sum(r is Role.PREFILL for r in roles)
-    return {"start": "colocated" if prefill == 0 else f"{prefill}P{len(roles) - prefill}D", "cpu_s": cpu,
+    return {"start": split_name(roles.count(Role.PREFILL) or COLOCATED, len(roles)), "cpu_s": cpu,
             "finalists": len(screens[0].finalists) if screens else 0}
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generalization import SETTINGS as GENERALIZATION  # noqa: E402
+from generalization import SETTINGS as GENERALIZATION, write_traces  # noqa: E402
 from study import colocate_run, hindsight_best, main, publish, slug, summaries, sweep, sweep_statics  # noqa: E402
 from harness.sweep import unnamed  # noqa: E402
 
@@ -40,17 +40,26 @@ SCREEN_HELD_OUT = ("synth_pages_sglang_sync", "synth_decode_moe_sync", "mix_reas
 # Held out from the screen's sampling (no sample drawn past the first, policy.py `_initial_split`),
 # committed with it before its first run: three more such settings.
 SAMPLING_HELD_OUT = ("reasoning_moe_sync", "browse_dense8_sync", "tooluse_sglang_sync")
-SETTINGS |= {name: GENERALIZATION[name] for name in SCREEN_HELD_OUT + SAMPLING_HELD_OUT}
-HELD_OUT = SCREEN_HELD_OUT + SAMPLING_HELD_OUT + (
+# Held out from the confirmed switch (a switch a thinned rolling plan wants is decided again in full,
+# policy.py `_plan_now`), committed with it before its first run: three async settings of
+# scripts/generalization.py whose switches cost nothing to undo (kv_both), where a thinned plan may switch
+# often.
+CONFIRM_HELD_OUT = ("flip_rag_solver_kvboth_async", "dumper_kvboth_async", "browse_kvboth_moe_async")
+SETTINGS |= {name: GENERALIZATION[name] for name in SCREEN_HELD_OUT + SAMPLING_HELD_OUT + CONFIRM_HELD_OUT}
+HELD_OUT = SCREEN_HELD_OUT + SAMPLING_HELD_OUT + CONFIRM_HELD_OUT + (
     "capture_alternate_sync", "capture_drift_sync", "capture_flip_async_drain", "capture_flip_async_reverse", "browse",
     "shift_reason_browse", "shift_reason_browse_kvboth", "shift_reason_browse_dense8")
 
 
 def run(out: Path, settings: list[str], seeds: str) -> None:
+    traces = (out / "traces").resolve()   # the trace workloads' files (generalization.py `write_traces`)
     for setting in settings:
+        overrides = [o.format(traces=traces) for o in SETTINGS[setting]]
+        if any("{traces}" in o for o in SETTINGS[setting]) and not traces.exists():
+            write_traces(traces)
         # the setting's keys stay out of the job names (its folder says them): a generalization setting's
         # ten workload keys overflow the file-name limit
-        named = [*SETTINGS[setting], unnamed(SETTINGS[setting]), f"seed={seeds}"]
+        named = [*overrides, unnamed(overrides), f"seed={seeds}"]
         sweep_statics(out / setting / "statics", named)
         for name, value in PLANS.items():
             sweep(out / setting / slug(name), [*named, "policy=prorsa", f"policy.plan_per_engine={value}"])

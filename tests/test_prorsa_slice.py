@@ -208,6 +208,30 @@ def test_thinning_leaves_the_plans_within_a_run_that_score_a_last_end():
     assert rolling and all(w > 1 for w in rolling) and last and all(w == 1 for w in last)
 
 
+def test_a_switch_a_thinned_rolling_plan_wants_is_decided_again_in_full(monkeypatch):
+    """capture_flip_async scaled down (64 in flight on 8 engines, one trajectory in 2 simulated): a
+    rolling plan thinned decides to stay alone; one that wants a switch is decided again by the plan in
+    full (Prorsa._plan_now), and only such a decision switches."""
+    from harness.prorsa.policy import Prorsa
+    decided = []   # (weight, whether the decision switches), per Planner.decide call
+    decide = Planner.decide
+
+    def recorded(self, *args, **named):
+        d = decide(self, *args, **named)
+        decided.append((self.whatif.weight, d.switch))
+        return d
+    monkeypatch.setattr(Planner, "decide", recorded)
+    overrides = ["+experiment=capture_flip_async", "policy=prorsa", "policy.plan_per_engine=4", "policy.plan_workers=1",
+                 "workload.batch_size=4", "mode.max_in_flight=64", "mode.num_steps=4"]
+    keys = OmegaConf.to_container(load_config(overrides).policy, resolve=True)
+    policy = Prorsa(**{k: v for k, v in keys.items() if k != "_target_"})
+    simulate(overrides, policy=policy)
+    wanted = [i for i, (weight, switch) in enumerate(decided) if weight > 1 and switch]
+    assert wanted and all(i + 1 < len(decided) and decided[i + 1][0] == 1 for i in wanted)
+    assert any(weight > 1 and not switch for weight, switch in decided)   # stays, decided thinned
+    assert len(policy.decisions) > 1   # the start, then switches (each decided in full)
+
+
 def test_small_batches_thinned_add_up_to_the_whole_and_keep_new_ids_negative():
     """Sixteen batches of 16 to start, one trajectory in 32 simulated: each batch's share is half a
     trajectory. Rounded one by one each would draw one (16 in all, ids running into the live ones'

@@ -132,6 +132,7 @@ class Planner:
                                               # value per candidate still raced, and its scores per mix
         self.evidence: dict[int, float] = {}  # per target, its gains over staying so far (`weigh`)
         self._weighed_at: int | None = None   # the split `evidence` is against
+        self._unweighed: tuple[dict[int, float], int | None] | None = None   # both before the last `weigh`
         self.decode_floor_s = decode_floor_s(cluster)
 
     def on_mean_end(self, to_end: bool) -> bool:
@@ -271,6 +272,7 @@ class Planner:
         (REPRODUCE.md, "Switches against the oracle")."""
         if self.switch_rule == "consecutive":
             return [k for k in scores if k != current and scores[k] < scores[current] * (1 - self.hysteresis)]
+        self._unweighed = (dict(self.evidence), self._weighed_at)
         if current != self._weighed_at:
             self.evidence, self._weighed_at = {}, current
         h = max(self.hysteresis, 1e-9)   # with no hysteresis, every plan that finds a target better counts
@@ -283,6 +285,12 @@ class Planner:
             gain = (stay - score) / stay if stay > 0 else 0.0
             self.evidence[k] = min(ready, max(0.0, self.evidence.get(k, 0.0) + min(max(gain, -h), h) - h / 2))
         return [k for k, e in self.evidence.items() if e >= ready * (1 - 1e-9)]
+
+    def unweigh(self) -> None:
+        """Undo the last `weigh` (a plan decided again on another sample counts once)."""
+        if self._unweighed is not None:
+            self.evidence, self._weighed_at = self._unweighed
+            self._unweighed = None
 
     def reset(self) -> None:
         """The allocation moved (a switch made, a step's start planned): `evidence` was against the last one."""

@@ -280,38 +280,34 @@ class Prorsa(Policy):
             return self._plan_now(view, current)
 
     def _plan_now(self, view: ClusterView, current: int) -> dict[int, Role] | None:
-        """One plan: sample the futures, score the candidates, switch if it pays (the class docstring)."""
+        """One plan: sample the futures, score the candidates, switch if it pays (the class docstring).
+        A thinned plan (an async rolling phase, `plan_per_engine`) decides to stay alone; a switch it
+        wants is decided again by the plan in full, on the same sample of the live trajectories
+        (docs/decisions/2026-12-07-confirmed-switch.md)."""
         # an async rolling phase holds `max_in_flight` on the engines at once, as the start's does
-        self._simulate_at(self.run.max_in_flight if self.planner.on_mean_end(self._to_end()) else None)
-        self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
-        self.planner.whatif.started = self._scaled(self.tracker.started)
+        thin = self.planner.on_mean_end(self._to_end())
         self.tracker.count_generated(view.now, view.generated_tokens())
-        rng = np.random.default_rng([self.seed, self._plans])
         sampler = self._sampler(view.now)
         self._forecast_work_left(sampler)
         part = self._slice(view)
         planned = view if part is None else part.view(view)   # the engines the what-if simulates
         if part is not None:
             self.planner.whatif.placement = part.work(self.work) if self.work is not None else None
-        in_flight = self._scaled(self.run.max_in_flight)
-        then = None
-        if self.use_forecast:
-            futures = self._live(sampler, view.now, rng, part)
-            new = self._new(sampler, rng) if self.run.mode == "async" else []
-            hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
-            then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
-        else:
-            futures, new, hedges = self._present(view.now, part), [], []
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
+            futures, new, _, then, _ = self._sample(view.now, sampler, part, thin)
             outcome = self.planner.whatif.run(futures, [e.role for e in planned.engines],
-                                              [e.role for e in planned.engines], new, in_flight,
+                                              [e.role for e in planned.engines], new,
+                                              self._scaled(self.run.max_in_flight),
                                               launched_as=planned.launched_roles(), then=then)
             self._record(view.now, outcome)
             return None
         at = current_split(planned)
         if at is None:
             return None   # the slice is between roles (a switch under way elsewhere)
-        d = self.planner.decide(planned, at, futures, new, in_flight, hedges, to_end=self._to_end(), then=then)
+        d, futures, rng = self._decide(view.now, planned, at, sampler, part, thin)
+        if self.weight > 1 and d.switch and self._cluster_split(d.split) != current:
+            self.planner.unweigh()   # the thinned plan's scores are not evidence
+            d, futures, rng = self._decide(view.now, planned, at, sampler, part, thin=False)
         if d.closed_for_s is not None:   # the floor keeps the choice closed for a while (Planner.settled)
             self._next_plan = view.now + max(self.replan_interval_s,
                                              min(d.closed_for_s, SETTLED_PLANS_SKIPPED * self.replan_interval_s))
@@ -339,6 +335,32 @@ class Prorsa(Policy):
             return d.roles
         left = {part.ids[i]: v for i, v in decode_left(futures).items()}
         return target_roles(view, target, left)
+
+    def _sample(self, now: float, sampler: FutureSampler, part: ClusterSlice | None, thin: bool):
+        """One sample of the futures a plan scores the candidates on, thinned (`thin`, `_simulate_at`) or
+        not: the live trajectories', the trajectories to start (async), their hedges (async, several
+        families) and the next step's batch (sync, for the forecast); and the plan's stream, which
+        `_checked` goes on drawing from. A thinned sample and one in full draw the live trajectories'
+        futures alike, each then keeps one in the plan's weight (`_thinned`)."""
+        self._simulate_at(self.run.max_in_flight if thin else None)
+        self.planner.whatif.completed = self._scaled(self.tracker.started - len(self.tracker.live))
+        self.planner.whatif.started = self._scaled(self.tracker.started)
+        rng = np.random.default_rng([self.seed, self._plans])
+        if not self.use_forecast:
+            return self._present(now, part), [], [], None, rng
+        futures = self._live(sampler, now, rng, part)
+        new = self._new(sampler, rng) if self.run.mode == "async" else []
+        hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
+        then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
+        return futures, new, hedges, then, rng
+
+    def _decide(self, now: float, planned: ClusterView, at: int, sampler: FutureSampler, part: ClusterSlice | None,
+                thin: bool) -> tuple[Decision, list[FutureTrajectory], np.random.Generator]:
+        """The planner's decision on one sample (`_sample`), with that sample's live futures and stream."""
+        futures, new, hedges, then, rng = self._sample(now, sampler, part, thin)
+        d = self.planner.decide(planned, at, futures, new, self._scaled(self.run.max_in_flight), hedges,
+                                to_end=self._to_end(), then=then)
+        return d, futures, rng
 
     def _live(self, sampler: FutureSampler, now: float, rng: np.random.Generator,
               part: ClusterSlice | None) -> list[FutureTrajectory]:

@@ -9,8 +9,7 @@ prefill, becomes a decode engine. Going to or from colocation moves every engine
 decode-loaded become the prefill pool. `decode_left` (engine id -> output tokens its turns under way
 still have to decode, the policy's forecast) ranks the engines by that work; without it every engine
 counts zero. Why: with kv_both a decode engine that becomes a prefill engine finishes its running
-decodes at one token per prefill step; measured on shift_reason_browse_kvboth seed 1, a 5,363-token
-turn left on a new prefill engine took 374 s and ended the run 51 s after the best static split.
+decodes at one token per prefill step (docs/decisions/2026-12-07-prorsa-rules.md, R31).
 The backend carries each switch out (drain, hand back queued legs, switch time); nothing is lost.
 """
 from __future__ import annotations

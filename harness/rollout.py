@@ -271,11 +271,8 @@ class RolloutDriver:
 
     def _start_batch(self, step: int) -> None:
         """Start every trajectory of sync step `step`. Not while roles are changing: its first turns
-        would all go to the engines already in their roles and stay there (sticky KV). Measured on
-        shift_reason_browse_sync (seed 0): from 1P7D to 4P4D at a step's start (a kv_both router
-        update), the three engines joining the prefill role were still switching when the batch was
-        routed, so the one prefill engine took all 512 first turns and 2,191 of the step's 5,468
-        prefills: the step took 128.8 s against 115.9 s for 4P4D throughout."""
+        would all go to the engines already in their roles and stay there (sticky KV;
+        docs/decisions/2026-12-07-prorsa-rules.md, R24)."""
         self._step_after_switch = None
         batch = self._batch(step)
         while batch:

@@ -133,9 +133,8 @@ def _preferred(candidates: list[EngineState], preferred: int | None) -> EngineSt
 
 def pick(candidates: list[EngineState], preferred: int | None, load, balance: Balance = SGL_ROUTER) -> EngineState | None:
     """The preferred engine if it is a candidate (it holds the prefix) and not overloaded by `balance`'s
-    rule against the least busy candidate, which then takes the turn; else the least loaded by `load`. Measured without
-    the balance rule on shift_reason_browse_kvboth (seed 0): fixed 4P4D 933.2 s, with it 879.4 s; the
-    decode engines holding a batch's slowest trajectories kept them while the others idled."""
+    rule against the least busy candidate, which then takes the turn; else the least loaded by `load`
+    (docs/decisions/2026-12-07-prorsa-rules.md, R25)."""
     if not candidates:
         return None
     e = _preferred(candidates, preferred)

@@ -3,9 +3,7 @@
 The shared router (harness/routing.py) places such a turn, most often a trajectory's first, on the
 decode engine with the least KV in use or promised. A first turn's prompt (a few hundred tokens) barely
 moves that fraction, so the turns of a batch that arrive together herd onto one engine, and sticky KV
-keeps them there for every later turn. Measured on shift_reason_browse_kvboth (seed 0, Prorsa with
-decode migration): 33 of the last batch's 48 reasoning trajectories on one decode engine; on the 64-GPU
-version 64 to 96 of 96 on one of the sixteen; the run's end was those trajectories' last turns.
+keeps them there for every later turn (docs/decisions/2026-12-07-prorsa-rules.md, R23).
 
 `policy.placement: forecast_work` places them by the decode work each engine is forecast to hold
 instead: every trajectory routed to a decode engine counts there with its forecast output tokens from

@@ -10,10 +10,9 @@ mechanism (drain, switch time, lost prefix cache, resharding), so a switch is ta
 candidate beats staying by more than `hysteresis` (a share of the current prediction: sampling
 noise, not a cost). Async uses the mean end, not the last, until the plan covers the run's end: async
 RL wants throughput, and the last end of a rolling set is a few long chains of turns and tool calls.
-The allocation does move those (a split's fewer decode engines each decode more beside a chain: on the
-async regime map's 1k/500 cell on DP4, seed 2, the run's last trajectories took 116.5 and 150.9 s in
-2P6D against 100.0 and 133.3 s colocated, the mean ends tying), so an async start whose sample is the
-whole run is scored by its last end, on many samples (policy.py `_initial_split`).
+The allocation does move those (a split's fewer decode engines each decode more beside a chain:
+docs/decisions/2026-12-07-prorsa-rules.md, R26), so an async start whose sample is the whole run is
+scored by its last end, on many samples (policy.py `_initial_split`).
 """
 from __future__ import annotations
 
@@ -84,11 +83,9 @@ def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int
     included), the workload's prior until then.
 
     For plans scored by the last end of a whole step or run: that end is the tail of per-trajectory
-    totals, which this shapes first-order (heavy_prefill, seeds 0-3: without it the planner chose 6P2D
-    at every seed, 0.88-0.97x of the best split; with it 5P3D, the best, at every seed). A mean end it
-    leaves unbiased while making each plan's sample noisier: measured on the shifting experiments it
-    slowed Prorsa at every run tried (kv_both seed 0 855.0 -> 906.6 s, seed 1 840.2 -> 863.4 s;
-    reshard seed 0 889.7 -> 939.6 s), so the async plans made during a run draw every turn afresh."""
+    totals, which this shapes first-order. A mean end it leaves unbiased while making each plan's
+    sample noisier, so the async plans made during a run draw every turn afresh
+    (docs/decisions/2026-12-07-prorsa-rules.md, R13)."""
     groups = tracker.output_groups()
     out = {}
     for family, priors in run.priors.items():
@@ -202,11 +199,8 @@ class Planner:
         the mix turned to one family alone. A switch is made only to a candidate that, for every such
         mix, ends no later than staying (within the hysteresis): the rolling phase cannot see the mix
         change, and a split that suits the present mix but not another is left, when the mix turns,
-        only by draining and reloading again (measured on shift_reason_browse with reshard: 4P4D ->
-        2P6D in each reasoning-heavy phase and back in each browse-heavy one, 60 s per engine each
-        time, 1,211 s against 933 s for 4P4D throughout; with this check 932 s). Comparing each
-        candidate's worst end or worst regret over the mixes instead still let 4P4D -> 2P6D through
-        (1,016 s). Candidates that beat staying are tried in score order. `then` (sync): the next
+        only by draining and reloading again (docs/decisions/2026-12-07-prorsa-rules.md, R14).
+        Candidates that beat staying are tried in score order. `then` (sync): the next
         step's batch for the present allocation's run, the forecast (WhatIf.run)."""
         now_roles = [e.role for e in view.engines]
         launched = view.launched_roles()
@@ -266,10 +260,9 @@ class Planner:
         that each beat staying by h are enough, as are more plans that each beat it by between h / 2
         and h (a gain that persists while the best target changes from plan to plan), while gains
         under h / 2 never add up. A candidate not run this plan adds the gain it is sure not to exceed
-        where its run was cut at a `bounds` score above staying's, else 0. Why: on
-        capture_flip_async_drain seed 1 the fresh-sample checks put colocation 6-15% ahead of 1P7D at 470,
-        490, 510 and 530 s, but the plans in between did not, so two consecutive plans never agreed
-        (REPRODUCE.md, "Switches against the oracle")."""
+        where its run was cut at a `bounds` score above staying's, else 0. Why: a gain that persists
+        while the plans in between disagree never makes two consecutive plans agree
+        (docs/decisions/2026-12-07-prorsa-rules.md, R27)."""
         if self.switch_rule == "consecutive":
             return [k for k in scores if k != current and scores[k] < scores[current] * (1 - self.hysteresis)]
         self._unweighed = (dict(self.evidence), self._weighed_at)
@@ -308,10 +301,7 @@ class Planner:
         trajectories' futures, and in async RL the trajectories to start; both allocations run on each
         sample: paired), scored as the plan scores (`to_end`). The plan chose its target as
         the best of every candidate on one sample, so that sample's gain is biased up, and on a step's
-        slowest trajectory it is noisy. Measured on search_long on dense8_h100 (seed 0): the 20 plans
-        that wanted a switch gained 6-48% on their own sample (mean 20%) and -5% on average over 8
-        fresh samples each; 13 of them lost there (mean gain -1% to -39%), and one fresh sample's
-        gain has a standard deviation of 8-31%."""
+        slowest trajectory it is noisy (docs/decisions/2026-12-07-prorsa-rules.md, R15)."""
         now_roles = [e.role for e in view.engines]
         target = [decision.roles[e.engine_id] for e in view.engines]
         launched = view.launched_roles()
@@ -328,9 +318,8 @@ class Planner:
         drawn from the priors (one sample's slowest trajectory is noise). With `more`, samples are
         added (up to `max_samples`) while the choice is still open: while some candidate within the
         hysteresis of the best could, by its paired differences over the samples so far, be better
-        than it by more than `INITIAL_TOLERANCE` (`still_open`). Measured: tooluse on
-        moe_h200_sglang, 3 samples put 2P6D 2% ahead of colocation, 12 put colocation 2% ahead;
-        the measured step took 116.8 s at 2P6D and 109.3 s colocated. A start within
+        than it by more than `INITIAL_TOLERANCE` (`still_open`; docs/decisions/
+        2026-12-07-prorsa-rules.md, R16). A start within
         `INITIAL_TOLERANCE` of the best is as good; colocation is taken where it is one of them.
         Every candidate runs on the first `RACE_AFTER` samples; later samples (given or added) go
         only to the candidates the choice is open between: one that ends later than the best by more
@@ -414,8 +403,7 @@ class Planner:
         if not hedges:
             # a start within INITIAL_TOLERANCE of the best is as good: among those, colocation, which bets
             # nothing on a split's costs the samples may miss (a long chain's decodes on fewer decode
-            # engines). Measured: tooluse on moe_h200 at 4 prompts per step, 1P7D 0.4% ahead of colocation
-            # in the plan; colocation ran 0.6-2.2% faster at each of seeds 1-7.
+            # engines; docs/decisions/2026-12-07-prorsa-rules.md, R17).
             if COLOCATED in live and scores[COLOCATED] <= scores[best] * (1 + INITIAL_TOLERANCE):
                 return COLOCATED, scores
             return best, scores
@@ -494,11 +482,8 @@ def still_open(per: dict[int, list[float]], live: list[int], hysteresis: float) 
     """Whether a candidate within `hysteresis` of the best mean score may still be better than it by
     more than INITIAL_TOLERANCE: the lower end of its paired difference's 95% interval (Student's t:
     the spread is estimated from these few samples) lies below minus that tolerance. Needs two samples
-    (a spread) to say no. Why t and not two standard errors: on search at 4 prompts per step
-    (moe_h200_sglang, seed 0) six samples put 3P5D 1.3% ahead of colocation and two standard errors
-    closed the choice (a bound of -0.0251 s against -0.0254 s); over the first 120 samples of the same
-    stream 3P5D is 3.6% behind (ahead in 12% of them), and the run took 5.53 s against colocation's
-    5.31 s. With t(5) = 2.571 the choice stays open and the start is colocation (5.31 s)."""
+    (a spread) to say no. Why t and not two standard errors: with a handful of samples, two standard
+    errors closed choices that more samples reversed (docs/decisions/2026-12-07-prorsa-rules.md, R28)."""
     best, n, top = leader(per, live)
     if n < 2:
         return True

@@ -10,12 +10,11 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
      from the present roles by moving the fewest engines, switch costs included (planner.py);
   -> switch when the best candidate ends the phase (sync: the step's last trajectory; async: the mean
      end of the live trajectories and the next `max_in_flight`) more than `hysteresis` sooner than staying,
-     in `confirm_plans` consecutive plans (each plan is one sample of the future: on browse on dense8_h100
-     single plans flipped colocated <-> 6P2D nine times, each flip resetting every engine's prefix
-     cache), in sync RL (and async when a switch drains or reloads engines) also by the mean over
-     `check_samples` fresh samples of the futures (one sample's gain is noisy and, as the best of
-     several candidates on it, biased up), and not sooner than `min_dwell_s`
-     after the last switch.
+     in `confirm_plans` consecutive plans (each plan is one sample of the future, and a flip on one
+     sample resets every engine's prefix cache: docs/decisions/2026-12-07-prorsa-rules.md, R1), in sync
+     RL (and async when a switch drains or reloads engines) also by the mean over `check_samples`
+     fresh samples of the futures (one sample's gain is noisy and, as the best of several candidates
+     on it, biased up), and not sooner than `min_dwell_s` after the last switch.
 A plan on a cluster of more than `plan_engines` engines simulates a slice of it (slice.py), and a plan
 whose phase is bound by its longest chain of tool calls runs the present allocation only (planner.py,
 `Planner.settled`), and the next plan waits while that bound keeps the choice closed: its cost does not
@@ -58,11 +57,8 @@ log = logging.getLogger(__name__)
 
 # Async: the start is scored on this many sets of `max_in_flight` trajectories. The first set starts on
 # an empty cluster and the allocations tie on it; the later ones start as slots free up, so their ends
-# carry each allocation's throughput, which sets an async run's time. Measured on the async regime map's
-# 4k/50 cell on DP1 (256 in flight, 1,024 trajectories): the first 512 end at a mean 12.2 s colocated
-# and 12.3 s in 6P2D, all 1,024 at 22.8 and 25.2 s (the runs: 63.2 and 70.4 s). Sampling two sets the
-# plan put 6P2D ahead (10.6 against 10.8 s) and started there; sampling four, colocation (21.2 against
-# 22.5 s).
+# carry each allocation's throughput, which sets an async run's time (docs/decisions/
+# 2026-12-07-prorsa-rules.md, R2).
 INITIAL_IN_FLIGHT_SETS = 4
 
 # A plan settled by the critical-path floor says how long the choice stays closed if the world goes as
@@ -171,11 +167,7 @@ class Prorsa(Policy):
         # and the task mix it was planned for; none for a start hedged over the mixes the run declares:
         # that start is the launch (under kv_both and drain an engine keeps the parallelism it was
         # launched with), and in sync RL the first step is then planned for its own mix before its
-        # batch starts, as every later step is (`_plan_step`). Measured on shift_reason_browse_sync
-        # (seed 1: reasoning-heavy steps, then browse-heavy ones): hedged, the run launched in 4P4D and
-        # its first two steps stayed there (165.2 and 156.4 s against 140.1 and 138.1 s for 1P7D
-        # throughout); launched in 1P7D instead (no hedge), its browse steps ran with three prefill
-        # engines of decode parallelism (DP4+EP4): 122.4 and 152.6 s against 116.9 and 148.9 s.
+        # batch starts, as every later step is (`_plan_step`; docs/decisions/2026-12-07-prorsa-rules.md, R3)
         self._step_split_mix = None if self.initial != "colocated" and self._hedged_start() else self.weights
         # a start planned on the neutral prior is a guess: the next step start is planned again from what
         # the first step showed (sync; async plans learn as they roll)
@@ -378,10 +370,7 @@ class Prorsa(Policy):
         `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough):
         in sync RL, and in async RL when a switch drains or reloads engines (`drain`, `reshard`). With
         kv_both an async switch is a router update, and a wrong one is undone at the next plan for
-        nothing. Measured on the async regime map's 16k/500 cell on DP8 (reshard): plan-to-plan scores
-        of 3P1D and 2P2D swung by up to 10% each way, two consecutive plans' own samples put 2P2D ahead
-        three times, and each move reloaded an engine for 60 s (746.7 s against 670.0 s for 3P1D
-        throughout); with the check, one move at 370 s: 664.5 s. With `forecast: false` a plan has no
+        nothing (docs/decisions/2026-12-07-prorsa-rules.md, R4). With `forecast: false` a plan has no
         sample (the present only)."""
         async_priced = self.run.mode == "async" and self.cluster.switch_mechanism != "kv_both"
         if not (self.run.mode == "sync" or async_priced) or not self.check_samples or not self.use_forecast:
@@ -399,20 +388,15 @@ class Prorsa(Policy):
         """Before a sync step's batch (every engine idle, the prefix caches flushed by the weight update;
         before the first step, a start hedged over the declared mixes is planned here for its own). The
         start of a step is planned for a fresh batch; switches within a step follow its tail, and the
-        split a tail wants can be the wrong one to start a batch in. Measured on search_long on
-        dense_h100 (seed 1): a move to 1P7D at 510 s ended step 1 at 817 s (colocation 830 s), and step 2
-        then started in 1P7D with its 128 first turns queued on the one prefill engine, where leaving it
-        meant draining every engine (the plans put colocation out of reach until 978 s): step 2 took
-        1,089 s against colocation's 965 s. So when the switches of the last step left the cluster in
+        split a tail wants can be the wrong one to start a batch in (docs/decisions/
+        2026-12-07-prorsa-rules.md, R5). So when the switches of the last step left the cluster in
         another allocation than the one its start was planned in, the next step is planned as the
         initial allocation is (whatif.py, samples of a batch from the distributions learned so far),
         each candidate reached from the present roles with its switch priced; where they did not, the
         step starts where the last one did, unless the trainer's declared task mix for the next step
         differs from the one the present split was planned for, or the run started on the neutral prior
         (`priors: none`) and this is its second step: then the step is planned for its own mix and
-        from what the run has shown. Measured on a trace of a retrieval agent's step (~8k-token documents per turn) then a
-        data-analysis agent's (moe_h200_sglang): 6P2D is best for the first (26.9 s), 2P6D for the
-        second (126.0 s), 3P5D for both (168.2 s); Prorsa started in 4P4D and kept it (170.2 s).
+        from what the run has shown (R6 in the same record).
         With `forecast: false` nothing is planned here: the plan is a forecast of the next batch, and
         before a step nothing is under way to plan from (the ablation's "present turns only")."""
         self.planner.reset()   # switch evidence from the last step's tail is not about the next batch
@@ -486,10 +470,8 @@ class Prorsa(Policy):
         num_steps x trajectories_per_step in all). `mix_forecast: schedule`: each in the task mix of the
         batch it will start in (RunInfo.step_weights, the data loader's declared curriculum), so a plan
         sees a mix turn before it happens. `window`: in the mix of the newest `mix_window` starts (the
-        workload's step-0 mix before), which sees a turn only once a window of it has started.
-        Measured on shift_reason_browse_kvboth seed 0 with a schedule told the phases (3P5D while
-        reasoning batches start, 4P4D while browse ones do): 858.3 s against 933.2 s for the best
-        static split; Prorsa with the window: 930.9 s."""
+        workload's step-0 mix before), which sees a turn only once a window of it has started
+        (docs/decisions/2026-12-07-prorsa-rules.md, R7)."""
         count = self._new_count()
         if self.mix_forecast == "schedule" and self.run.step_weights:
             return self._scheduled(sampler, self.tracker.started, self._starting(), -1 - count, rng)
@@ -527,10 +509,8 @@ class Prorsa(Policy):
     def _mix_may_change(self) -> bool:
         """Whether the run's task mix may move away from its first step's: the declared mixes differ
         between steps, or none is declared. A start hedged against each family alone is a compromise
-        between them; where the schedule says the mix stays, it is a compromise against nothing.
-        Measured on a two-family trace (a ~8k-token retrieval agent and a data-analysis agent, 50:50 in
-        every step, moe_h200_sglang, sync): hedged, Prorsa started in 4P4D (236.9 s) where its own
-        plan ranked 3P5D first (102.4 against 103.4 s predicted per step) and 2P6D was best (227.2 s)."""
+        between them; where the schedule says the mix stays, it is a compromise against nothing
+        (docs/decisions/2026-12-07-prorsa-rules.md, R8)."""
         declared = self.run.step_weights
         if not declared:
             return True
@@ -557,10 +537,8 @@ class Prorsa(Policy):
 
     def _to_end(self) -> bool:
         """Async: whether the live trajectories and the next to start are all the run has left, so the
-        plan decides when the run ends (its last trajectory), not how fast the pipeline flows. Measured
-        on shift_reason_browse_kvboth seed 2, scoring the mean end to the last: Prorsa ahead of the best
-        static split (4P4D) in every batch's mean end (738 vs 748 s for the last) but behind in the
-        run's end (851.1 vs 834.6 s), set by the last batch's slowest trajectories."""
+        plan decides when the run ends (its last trajectory), not how fast the pipeline flows
+        (docs/decisions/2026-12-07-prorsa-rules.md, R9)."""
         return self.run.mode == "async" and self._trajectories_left() <= self.run.max_in_flight
 
     def _trajectories_left(self) -> int:
@@ -579,8 +557,8 @@ class Prorsa(Policy):
         """Async with several families, when a switch drains the engine (`drain`, `reshard`): the next
         trajectories to start if the mix turned to one family alone (as many as `_new` draws), one set
         per family. None with `kv_both`: a switch there is a router update, so a split that turns out
-        wrong when the mix changes is left at the next plan without a drain or a reload (measured on
-        shift_reason_browse_kvboth seed 0: 1,001.9 s with the check, 937.5 s without)."""
+        wrong when the mix changes is left at the next plan without a drain or a reload
+        (docs/decisions/2026-12-07-prorsa-rules.md, R10)."""
         if self.cluster.switch_mechanism == "kv_both":
             return []
         count = self._new_count()
@@ -595,22 +573,16 @@ class Prorsa(Policy):
         now = present.now if present is not None else 0.0
         # a stream of its own per step start (the plans' streams are [seed, plan number])
         rng = np.random.default_rng([self.seed, 0] if present is None else [self.seed, 0, self.tracker.started])
-        # async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight, never more than the run has (a short run
-        # sampled at twice max_in_flight was twice as loaded as the real one, which favours splits: search
-        # on moe_h200_sglang, 240 trajectories, sampled 512, started 1P7D at 6.53 s against colocated 5.87 s)
+        # async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight, never more than the run has (a sample more
+        # loaded than the run favours splits: docs/decisions/2026-12-07-prorsa-rules.md, R11)
         run = self.run
         full = run.trajectories_per_step if run.mode == "sync" else \
             min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
         # a sample that is the whole run (async) is scored as a sync step is: by its last end, in GRPO
         # groups with each trajectory's output level, on `initial_max_samples` samples. Why: the run's
         # time is its last end, set by a few long chains of turns, which the allocation slows or speeds
-        # while the mean ends tie. Measured on the async regime map's 1k/500 cell on DP4 (seed 2): mean
-        # end 64.0 s colocated and 63.9 s in 2P6D, while the trajectories that end the runs took 100.0
-        # and 133.3 s colocated against 116.5 and 150.9 s in 2P6D; drawn one by one without levels, the
-        # sampled runs ended at 150 s against 195-272 s measured at seeds 0-2 (with both: 208 s). One
-        # sample's last end spreads by 10-20%, more than the hysteresis that decides when samples are
-        # added: on search_long (moe_h200, seed 0) three samples put colocation 5.5% ahead of 1P7D
-        # (measured: 593.3 against 563.9 s), twelve put 1P7D 2.1% ahead (569.8 against 581.8 s).
+        # while the mean ends tie; one sample's last end spreads by 10-20%, more than the hysteresis
+        # (docs/decisions/2026-12-07-prorsa-rules.md, R12).
         # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
         whole = run.mode == "async" and full == run.total_trajectories
         sampler = self._sampler(now, whole)

@@ -102,10 +102,7 @@ def draw(values: np.ndarray, rng: np.random.Generator) -> float:
 
 # A turn the router has sent stays on the engines it was sent to, queued or running, as on the engines
 # (an engine keeps its queue through a kv_both switch; a drain hands the queued legs back, and the
-# what-if routes them again). Re-routing the queued turns at each plan, measured on
-# shift_reason_browse_kvboth seed 1 at 620 s (119 queued; the true futures of every trajectory, the
-# run's rest): 4P4D 189.1 s and 3P5D 190.3 s predicted, kept 191.4 s and 187.0 s, forked 203.5 s and
-# 177.3 s.
+# what-if routes them again; docs/decisions/2026-12-07-prorsa-rules.md, R18).
 ROUTED = (Phase.QUEUED, Phase.PREFILLING, Phase.TRANSFERRING, Phase.DECODING)
 PREFILLED = (Phase.TRANSFERRING, Phase.DECODING)
 MAX_SHARED = 0.95   # keeps some turn-to-turn spread when the data say a trajectory's turns are alike
@@ -344,16 +341,9 @@ class FutureSampler:
         of their turn count (`turns_group_corr`, through a Gaussian copula on the turn distribution),
         and the level goes with the group's turn score (`turns_output_corr` is the per-trajectory
         correlation, sqrt(turns_group_corr) x the group's). Why: a hard prompt puts all its samples
-        into the step's tail at once. Measured on the synthetic workload with 16k-token tool outputs
-        and 500-token answers on 8 TP4 engines (SGLang semantics, the regime map's cell): drawn one by
-        one, the plan started in 5P3D (120.0 s, 0.92x of colocation); drawn in groups, colocated.
-        The group's turn score carries a correlation with the level of at most sqrt(turns_group_corr);
-        what it cannot carry goes through each sample's own turn score (the level is then partly the
-        sample's). Measured on a triage agent's trace (40% one ~600-token answer, the rest 6-12 turns
-        of ~80-token actions; turn counts independent within a group, link -1): with the level the
-        group's alone, chains of many turns drew long answers and the plan on moe_h200 put 6P2D at
-        64.2 s and 5P3D at 60.5 s (their runs on the true scripts: 44.7 and 50.1 s); with it, 43.8
-        and 51.3 s."""
+        into the step's tail at once. The group's turn score carries a correlation with the level of
+        at most sqrt(turns_group_corr); what it cannot carry goes through each sample's own turn score
+        (the level is then partly the sample's; docs/decisions/2026-12-07-prorsa-rules.md, R19)."""
         if family in self._recorded:
             members = self.examples[family][int(rng.integers(len(self.examples[family])))]
             picks = rng.choice(len(members), size, replace=size > len(members))
@@ -515,8 +505,7 @@ class _Run:
         if b < self.bins and not (k == 0 and ft.in_progress):   # the forecast counts arrivals only
             # the tokens the turn appends to the context (the last turn's output and the tool's), as
             # TURN_READY counts them; turns[0] of a turn under way holds what it has generated so far.
-            # Counting the uncached part alone left the last output out: tooluse, sync, seeds 0-2, the
-            # prefill WAPE per bin was 0.44 0.73 0.52 0.57 0.81, with it 0.12 0.56 0.19 0.27 0.68
+            # (the uncached part alone leaves the last output out: docs/decisions/2026-12-07-prorsa-rules.md, R29)
             before = ft.turns[k - 1].prompt_tokens if k and not (k == 1 and ft.in_progress) else ft.context
             self.prefill[b] += t.prompt_tokens - before
         self.ready_at[ft.trajectory_id] = now
@@ -607,11 +596,9 @@ def _on_engines(ft: FutureTrajectory, roles: list[Role], cluster: ClusterConfig)
     nothing more of its prefill engine than the KV it may still be pulling. With decode migration a
     turn whose decode engine is now a prefill engine is routed again instead, since its decode would
     be shipped off (the what-if's engines start with `ships_decodes` off, so a kept turn would decode
-    there). The rule by roles alone routed every such turn again as new: on retrieval traces on H20
-    engines (async, kv_both, seed 2) 37 colocated turns left on engines switched to prefill decoded
-    for 274 s mean beside 8k-token prefill chunks, the forecast had 32 sequences decoding where 180 did
-    (10-100 s), and colocation's rollout time over Prorsa's was 0.896 / 0.942 / 0.994 at seeds 0-2
-    (kept: 1.006 / 0.953 / 0.980). Drain and reshard keep the rule by roles: a drain hands
+    there). The rule by roles alone routed every such turn again as new, and the forecast lost the
+    decodes left behind (docs/decisions/2026-12-07-prorsa-rules.md, R30). Drain and reshard keep the
+    rule by roles: a drain hands
     queued legs back and lets running ones finish, so the rule errs there only on a prefilled turn
     whose prefill engine switched since, and changing it moves every drain and reshard run that
     switches (not done)."""
@@ -638,10 +625,8 @@ class WhatIf:
         """What the policy sets before a plan (at the plan's share of the run: slice.py):
         `update_every` (async): the trainer updates the weights after every `update_every` completed
         trajectories of the `total` the run has (harness/rollout.py), and each update flushes every
-        prefix cache when the cluster does so (`flush_prefix_cache_on_weight_update`). Measured without
-        it on many short turns (synthetic, 15 turns, moe_h200, async): at 1P7D the what-if on the true
-        scripts predicted a mean end of 35.7 s where the run took 38.5 s, its single prefill engine
-        recomputing every live context after each update."""
+        prefix cache when the cluster does so (`flush_prefix_cache_on_weight_update`; docs/decisions/
+        2026-12-07-prorsa-rules.md, R20)."""
         self.cluster, self.bins, self.bin_s = cluster, bins, bin_s
         self.weight = 1           # each simulated trajectory stands for this many (slice.py)
         self.update_every = 0     # 0: no weight update within a what-if
@@ -669,15 +654,11 @@ class WhatIf:
         `then` (sync, the forecast's run): the next step's batch, drawn and started when the last of the
         trajectories ends, if that is within the horizon; it runs to the horizon's end and counts in the
         forecast's bins, not in the score. Without it the later bins of a plan made near a step's end
-        forecast nothing where the next step's first prompts arrive (heavy_prefill, sync, seeds 0-2: the
-        prefill WAPE of bins 3-5 0.52 0.59 0.72, with it 0.34 0.40 0.38).
+        forecast nothing where the next step's first prompts arrive (docs/decisions/
+        2026-12-07-prorsa-rules.md, R21).
         `launched_as`: per engine, the role whose parallelism it runs with (EngineState.launched_as):
         under kv_both a switched engine keeps the parallelism it was launched with (a DP4+EP4 decode
-        engine turned prefill engine stays DP4). Measured on shift_reason_browse_kvboth seed 1 at 620 s
-        (two prefill engines launched as decode engines, two decode engines as prefill engines), the
-        run's rest on the true futures of every trajectory: with each engine at its present role's
-        parallelism the what-if put 3P5D at 234.2 s and 4P4D at 230.3 s, and Prorsa moved to 3P5D; with
-        the launch parallelism 289.0 s and 229.1 s; the forked runs took 283.7 s and 230.9 s.
+        engine turned prefill engine stays DP4; docs/decisions/2026-12-07-prorsa-rules.md, R22).
         `step_start` (sync, between two steps): `new` is the next step's batch, which starts once the
         switches to `roles` are done, as the driver starts it."""
         cluster = self.cluster.weighted(self.weight) if self.weight > 1 else self.cluster

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -65,6 +65,16 @@ INITIAL_IN_FLIGHT_SETS = 4
 # its one sample of the futures says (Planner.settled); the next plan is due then, but after at most this
 # many replan intervals, since the sample may be wrong (a tail that turns out decode-bound).
 SETTLED_PLANS_SKIPPED = 6
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample of the futures a plan scores its candidates on (Prorsa._sample)."""
+    live: list[FutureTrajectory]        # the live trajectories' futures (a slice's, thinned if the plan is)
+    new: list[FutureTrajectory]         # async: the trajectories to start
+    hedges: list[list[FutureTrajectory]]   # async, several families: the starts if the mix turned to one
+    then: Callable[[], list[FutureTrajectory]] | None   # sync: the next step's batch, for the forecast
+    rng: np.random.Generator            # the plan's stream, which the fresh-sample check goes on drawing from
 
 
 def split_name(split: int, n: int) -> str:
@@ -286,20 +296,22 @@ class Prorsa(Policy):
         if part is not None:
             self.planner.whatif.placement = part.work(self.work) if self.work is not None else None
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
-            futures, new, _, then, _ = self._sample(view.now, sampler, part, thin)
-            outcome = self.planner.whatif.run(futures, [e.role for e in planned.engines],
-                                              [e.role for e in planned.engines], new,
+            sample = self._sample(view.now, sampler, part, thin)
+            outcome = self.planner.whatif.run(sample.live, [e.role for e in planned.engines],
+                                              [e.role for e in planned.engines], sample.new,
                                               self._scaled(self.run.max_in_flight),
-                                              launched_as=planned.launched_roles(), then=then)
+                                              launched_as=planned.launched_roles(), then=sample.then)
             self._record(view.now, outcome)
             return None
         at = current_split(planned)
         if at is None:
             return None   # the slice is between roles (a switch under way elsewhere)
-        d, futures, rng = self._decide(view.now, planned, at, sampler, part, thin)
+        sample = self._sample(view.now, sampler, part, thin)
+        d = self._decide(planned, at, sample)
         if self.weight > 1 and d.switch and self._cluster_split(d.split) != current:
             self.planner.unweigh()   # the thinned plan's scores are not evidence
-            d, futures, rng = self._decide(view.now, planned, at, sampler, part, thin=False)
+            sample = self._sample(view.now, sampler, part, thin=False)
+            d = self._decide(planned, at, sample)
         if d.closed_for_s is not None:   # the floor keeps the choice closed for a while (Planner.settled)
             self._next_plan = view.now + max(self.replan_interval_s,
                                              min(d.closed_for_s, SETTLED_PLANS_SKIPPED * self.replan_interval_s))
@@ -309,7 +321,7 @@ class Prorsa(Policy):
         log.debug("t=%.1f plan: %s", view.now, ", ".join(f"{split_name(k, n)} {v:.1f}" for k, v in sorted(d.scores.items())))
         target = self._cluster_split(d.split)
         wants = d.switch and target != current
-        switch = wants and self._checked(planned, d, at, sampler, rng, part)
+        switch = wants and self._checked(planned, d, at, sampler, sample.rng, part)
         if wants and not switch:
             self.planner.reject(d.split)
         # `consecutive`: this many plans in a row want the target; `evidence`: the planner's sum of them
@@ -325,10 +337,10 @@ class Prorsa(Policy):
                  split_name(target, len(view.engines)), d.scores[at], d.scores[d.split])
         if part is None:
             return d.roles
-        left = {part.ids[i]: v for i, v in decode_left(futures).items()}
+        left = {part.ids[i]: v for i, v in decode_left(sample.live).items()}
         return target_roles(view, target, left)
 
-    def _sample(self, now: float, sampler: FutureSampler, part: ClusterSlice | None, thin: bool):
+    def _sample(self, now: float, sampler: FutureSampler, part: ClusterSlice | None, thin: bool) -> Sample:
         """One sample of the futures a plan scores the candidates on, thinned (`thin`, `_simulate_at`) or
         not: the live trajectories', the trajectories to start (async), their hedges (async, several
         families) and the next step's batch (sync, for the forecast); and the plan's stream, which
@@ -339,20 +351,17 @@ class Prorsa(Policy):
         self.planner.whatif.started = self._scaled(self.tracker.started)
         rng = np.random.default_rng([self.seed, self._plans])
         if not self.use_forecast:
-            return self._present(now, part), [], [], None, rng
-        futures = self._live(sampler, now, rng, part)
+            return Sample(self._present(now, part), [], [], None, rng)
+        live = self._live(sampler, now, rng, part)
         new = self._new(sampler, rng) if self.run.mode == "async" else []
         hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
         then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
-        return futures, new, hedges, then, rng
+        return Sample(live, new, hedges, then, rng)
 
-    def _decide(self, now: float, planned: ClusterView, at: int, sampler: FutureSampler, part: ClusterSlice | None,
-                thin: bool) -> tuple[Decision, list[FutureTrajectory], np.random.Generator]:
-        """The planner's decision on one sample (`_sample`), with that sample's live futures and stream."""
-        futures, new, hedges, then, rng = self._sample(now, sampler, part, thin)
-        d = self.planner.decide(planned, at, futures, new, self._scaled(self.run.max_in_flight), hedges,
-                                to_end=self._to_end(), then=then)
-        return d, futures, rng
+    def _decide(self, planned: ClusterView, at: int, sample: Sample) -> Decision:
+        """The planner's decision on one sample of the futures (`_sample`)."""
+        return self.planner.decide(planned, at, sample.live, sample.new, self._scaled(self.run.max_in_flight),
+                                   sample.hedges, to_end=self._to_end(), then=sample.then)
 
     def _live(self, sampler: FutureSampler, now: float, rng: np.random.Generator,
               part: ClusterSlice | None) -> list[FutureTrajectory]:

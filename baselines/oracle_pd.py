@@ -11,12 +11,14 @@ REPRODUCE.md section 5).
   (the report's `hindsight_best` row).
 - Every `decision_interval_s` it forks the rollout and runs "stay" and every other candidate (switch
   prices included, as the cluster's switch mechanism charges them) to the end; it switches only to a
-  candidate that ends sooner. Between decisions the rollout runs exactly as the fork of the chosen
+  candidate that ends sooner. A candidate's run (here and at the start) stops as soon as its rollout
+  time is sure to exceed the best so far: it could not be chosen, and the choice is the same. Between decisions the rollout runs exactly as the fork of the chosen
   candidate did, so each decision can only shorten the predicted end: the oracle never ends later
   than its start allocation, hence never behind `hindsight_best`.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
@@ -66,7 +68,7 @@ class OraclePD(Policy):
         self.allow_colocated = allow_colocated
         self.prefix = PrefixTracker()
         self.decisions: list[tuple[float, int]] = []
-        self.predicted: list[tuple[float, dict[int, float]]] = []
+        self.predicted: list[tuple[float, dict[int, float | None]]] = []
         self._next = decision_interval_s
         self._simulate: Callable[[list[Role], Policy], float] | None = None
         self._driver = None
@@ -84,9 +86,14 @@ class OraclePD(Policy):
         self.n = cluster.num_engines
         self.balance = Balance.of(cluster)
         candidates = ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n))
-        scores = {k: self._simulate(roles_for(k, self.n), HoldRoles(PrefixTracker(), self.balance))
-                  for k in candidates}
-        best = min(scores, key=lambda k: (scores[k], k))
+        scores: dict[int, float | None] = {}
+        best_s = math.inf
+        for k in candidates:   # each stopped once sure to end after the best so far
+            scores[k] = self._simulate(roles_for(k, self.n), HoldRoles(PrefixTracker(), self.balance), best_s)
+            if scores[k] is not None:
+                best_s = min(best_s, scores[k])
+        finished = {k: v for k, v in scores.items() if v is not None}
+        best = min(finished, key=lambda k: (finished[k], k))
         self.decisions.append((0.0, best))
         self.predicted.append((0.0, scores))
         return roles_for(best, self.n)
@@ -101,18 +108,25 @@ class OraclePD(Policy):
         current = current_split(view)
         if current is None:
             return None
-        scores, roles_of = {}, {}
-        for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)):
+        scores: dict[int, float | None] = {}
+        roles_of = {}
+        others = [k for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)) if k != current]
+        best_s = math.inf
+        for k in [current, *others]:   # staying first: every other candidate must beat it
             roles = target_roles(view, k)
             with nested_runs():
                 fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix), self.balance))
                 fork.apply_roles(fork.backend.view(), roles)
-                scores[k] = fork.resume().rollout_time_s
+                # stopped once it is sure to end after the best so far: it could not be chosen
+                scores[k] = fork.resume_within(best_s)
                 del fork
+            if scores[k] is not None:
+                best_s = min(best_s, scores[k])
             roles_of[k] = roles
         self.predicted.append((view.now, scores))
-        best = min(scores, key=lambda k: (scores[k], k != current, k))
-        if best == current or not scores[best] < scores[current]:
+        finished = {k: v for k, v in scores.items() if v is not None}
+        best = min(finished, key=lambda k: (finished[k], k != current, k))
+        if best == current or not finished[best] < finished[current]:
             return None
         self.decisions.append((view.now, best))
         return roles_of[best]
@@ -124,8 +138,9 @@ class OraclePD(Policy):
         return route_by_role(request, view, self.prefix, self.balance)
 
     def metrics(self) -> dict:
+        # a candidate's predicted time is null where its run stopped once sure to end after the best
         return {"oracle_decisions": [[round(t, 3), k] for t, k in self.decisions],
-                "oracle_predicted_s": [[round(t, 3), {str(k): round(v, 3) for k, v in s.items()}]
+                "oracle_predicted_s": [[round(t, 3), {str(k): None if v is None else round(v, 3) for k, v in s.items()}]
                                        for t, s in self.predicted]}
 
 

@@ -98,12 +98,13 @@ def run_rollout(cfg: DictConfig, policy=None, keep_events: bool = False):
 
 
 def static_rollout_s(cfg: DictConfig, cluster: ClusterConfig, mode: ModeConfig, roles: list[Role],
-                     policy: Policy) -> float:
+                     policy: Policy, limit_s: float = math.inf) -> float | None:
     """The rollout time of the run `cfg` describes, from the start, its engines launched in `roles` and
-    `policy` driving (its `initial_roles` is not asked): what `Policy.attach_simulator` hands a policy."""
+    `policy` driving (its `initial_roles` is not asked): what `Policy.attach_simulator` hands a policy.
+    None as soon as it is sure to exceed `limit_s` (RolloutDriver.run_within)."""
     workload = instantiate(cfg.workload, seed=cfg.seed)
     backend = build_backend(cfg, cluster, roles)
-    return RolloutDriver(workload, policy, backend, mode).run().rollout_time_s
+    return RolloutDriver(workload, policy, backend, mode).run_within(limit_s)
 
 
 def config_hash(cfg: DictConfig) -> str:

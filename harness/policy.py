@@ -58,10 +58,10 @@ class Policy(ABC):
     def route(self, request: TurnRequest, view: ClusterView) -> Route | None: ...   # None: park the turn
 
     # --- optional hooks ---------------------------------------------------------------------------
-    def attach_simulator(self, simulate: Callable[[list[Role], Policy], float]) -> None:
+    def attach_simulator(self, simulate: Callable[..., float | None]) -> None:
         """On the simulator, before `initial_roles`: `simulate(roles, policy)` is the whole rollout's time
         from the start, its engines launched in `roles` and `policy` driving (an oracle sees the future
-        through it)."""
+        through it); `simulate(roles, policy, limit_s)` is None once that time is sure to exceed `limit_s`."""
 
     def attach_driver(self, driver) -> None:
         """The run's RolloutDriver, once built: on the simulator its `fork()` runs the rollout ahead."""

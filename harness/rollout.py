@@ -155,6 +155,15 @@ class RolloutDriver:
 
     # --- public -------------------------------------------------------------------------------
     def run(self) -> RolloutResult:
+        self._begin()
+        return self.resume()
+
+    def run_within(self, limit_s: float) -> float | None:
+        """`run()`'s rollout time, or None once it is sure to exceed `limit_s` (`resume_within`)."""
+        self._begin()
+        return self.resume_within(limit_s)
+
+    def _begin(self) -> None:
         if self.mode.name == "sync":
             self._start_sync_step(0)
         elif self.mode.name == "serve":
@@ -163,7 +172,22 @@ class RolloutDriver:
             self._fill_async()
         if self.policy.control_interval_s:
             self.backend.call_later(0.0, partial(self._control_tick, self._control_gen))
-        return self.resume()
+
+    def resume_within(self, limit_s: float) -> float | None:
+        """The rollout time `resume()` would give, or None once it is sure to exceed `limit_s`: the time
+        counted so far has passed it at an event with work left (the driver is then left mid-run). A run
+        whose last events cross the limit between two events ends and gives its time, above the limit."""
+        self.backend.run(None if math.isinf(limit_s) else lambda: self.elapsed_rollout_s() > limit_s)
+        if self.completed != self.total:
+            return None
+        return self.resume().rollout_time_s
+
+    def elapsed_rollout_s(self) -> float:
+        """The rollout time counted so far: `resume()`'s sum of step windows, the one under way to now."""
+        now = self.backend.now()
+        if self.mode.name != "sync":
+            return now
+        return sum((now if math.isnan(end) else end) - start for start, end in self.step_windows)
 
     def resume(self) -> RolloutResult:
         """Run the backend to the end and collect the result (a fork continues from its instant)."""

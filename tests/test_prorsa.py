@@ -557,6 +557,27 @@ def test_oracle_is_never_behind_the_best_static_allocation(tmp_path):
     assert summary["oracle_decisions"][0][0] == 0.0
 
 
+@pytest.mark.parametrize("extra", [[], ["mode.num_steps=2"]])
+def test_a_run_within_a_limit_is_its_rollout_time_or_none_once_sure_to_exceed_it(extra):
+    """A small heavy-prefill run held colocated (one step, and two: the rollout time sums the steps'
+    windows): within a limit at or above its rollout time, that time to the bit; within half of it,
+    None (what oracle_pd's runs use to drop a candidate that cannot be chosen)."""
+    import math
+    from baselines.oracle_pd import HoldRoles
+    from harness.experiment import build_parts, static_rollout_s
+    from harness.routing import Balance, PrefixTracker
+    from tests.conftest import load_config
+    cfg = load_config(HEAVY + extra + ["policy=colocate"])
+
+    def within(limit_s: float) -> float | None:
+        parts = build_parts(cfg)
+        return static_rollout_s(cfg, parts.cluster, parts.mode, roles_for(COLOCATED, parts.cluster.num_engines),
+                                HoldRoles(PrefixTracker(), Balance.of(parts.cluster)), limit_s)
+    full = within(math.inf)
+    assert full is not None and full > 0
+    assert within(full) == full and within(full / 2) is None
+
+
 def test_product_limit_known_answer():
     """Ends at 1 and 2, one trajectory known to reach 2 and still running. At 1: 3 at risk, 1 ends,
     S = 2/3; at 2: 2 at risk (the running one counts), 1 ends, S = 1/3; the last third goes to the prior

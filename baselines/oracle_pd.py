@@ -12,9 +12,10 @@ REPRODUCE.md section 5).
 - Every `decision_interval_s` it forks the rollout and runs "stay" and every other candidate (switch
   prices included, as the cluster's switch mechanism charges them) to the end; it switches only to a
   candidate that ends sooner. A candidate's run (here and at the start) stops as soon as its rollout
-  time is sure to exceed the best so far: it could not be chosen, and the choice is the same. Between decisions the rollout runs exactly as the fork of the chosen
-  candidate did, so each decision can only shorten the predicted end: the oracle never ends later
-  than its start allocation, hence never behind `hindsight_best`.
+  time is sure to exceed the best so far: it could not be chosen, and the choice is the same. Between
+  decisions the rollout runs exactly as the fork of the chosen candidate did, so each decision can
+  only shorten the predicted end: the oracle never ends later than its start allocation, hence never
+  behind `hindsight_best`.
 """
 from __future__ import annotations
 
@@ -70,11 +71,11 @@ class OraclePD(Policy):
         self.decisions: list[tuple[float, int]] = []
         self.predicted: list[tuple[float, dict[int, float | None]]] = []
         self._next = decision_interval_s
-        self._simulate: Callable[[list[Role], Policy], float] | None = None
+        self._simulate: Callable[..., float | None] | None = None
         self._driver = None
 
     # --- Policy contract ----------------------------------------------------------------------
-    def attach_simulator(self, simulate: Callable[[list[Role], Policy], float]) -> None:
+    def attach_simulator(self, simulate: Callable[..., float | None]) -> None:
         self._simulate = simulate
 
     def attach_driver(self, driver) -> None:
@@ -86,12 +87,8 @@ class OraclePD(Policy):
         self.n = cluster.num_engines
         self.balance = Balance.of(cluster)
         candidates = ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n))
-        scores: dict[int, float | None] = {}
-        best_s = math.inf
-        for k in candidates:   # each stopped once sure to end after the best so far
-            scores[k] = self._simulate(roles_for(k, self.n), HoldRoles(PrefixTracker(), self.balance), best_s)
-            if scores[k] is not None:
-                best_s = min(best_s, scores[k])
+        scores = race(candidates, lambda k, limit_s: self._simulate(roles_for(k, self.n),
+                                                                  HoldRoles(PrefixTracker(), self.balance), limit_s))
         finished = {k: v for k, v in scores.items() if v is not None}
         best = min(finished, key=lambda k: (finished[k], k))
         self.decisions.append((0.0, best))
@@ -108,21 +105,18 @@ class OraclePD(Policy):
         current = current_split(view)
         if current is None:
             return None
-        scores: dict[int, float | None] = {}
         roles_of = {}
-        others = [k for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)) if k != current]
-        best_s = math.inf
-        for k in [current, *others]:   # staying first: every other candidate must beat it
-            roles = target_roles(view, k)
+
+        def forked(k: int, limit_s: float) -> float | None:
+            roles_of[k] = target_roles(view, k)
             with nested_runs():
                 fork = self._driver.fork(HoldRoles(_copy_prefix(self.prefix), self.balance))
-                fork.apply_roles(fork.backend.view(), roles)
-                # stopped once it is sure to end after the best so far: it could not be chosen
-                scores[k] = fork.resume_within(best_s)
-                del fork
-            if scores[k] is not None:
-                best_s = min(best_s, scores[k])
-            roles_of[k] = roles
+                fork.apply_roles(fork.backend.view(), roles_of[k])
+                rollout_s = fork.resume_within(limit_s)
+                del fork   # before nested_runs collects: the fork's graph is freed with it
+            return rollout_s
+        others = [k for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)) if k != current]
+        scores = race([current, *others], forked)   # staying first: every other candidate must beat it
         self.predicted.append((view.now, scores))
         finished = {k: v for k, v in scores.items() if v is not None}
         best = min(finished, key=lambda k: (finished[k], k != current, k))
@@ -142,6 +136,18 @@ class OraclePD(Policy):
         return {"oracle_decisions": [[round(t, 3), k] for t, k in self.decisions],
                 "oracle_predicted_s": [[round(t, 3), {str(k): None if v is None else round(v, 3) for k, v in s.items()}]
                                        for t, s in self.predicted]}
+
+
+def race(candidates: list[int], run: Callable[[int, float], float | None]) -> dict[int, float | None]:
+    """Each candidate's rollout time, in order: `run(k, limit_s)` stops once sure to exceed the best so far
+    (None: it could not be chosen)."""
+    scores: dict[int, float | None] = {}
+    best_s = math.inf
+    for k in candidates:
+        scores[k] = run(k, best_s)
+        if scores[k] is not None:
+            best_s = min(best_s, scores[k])
+    return scores
 
 
 def _copy_prefix(p: PrefixTracker) -> PrefixTracker:

@@ -212,7 +212,6 @@ def test_a_switch_a_thinned_rolling_plan_wants_is_decided_again_in_full(monkeypa
     """capture_flip_async scaled down (64 in flight on 8 engines, one trajectory in 2 simulated): a
     rolling plan thinned decides to stay alone; one that wants a switch is decided again by the plan in
     full (Prorsa._plan_now), and only such a decision switches."""
-    from harness.prorsa.policy import Prorsa
     decided = []   # (weight, whether the decision switches), per Planner.decide call
     decide = Planner.decide
 
@@ -223,8 +222,7 @@ def test_a_switch_a_thinned_rolling_plan_wants_is_decided_again_in_full(monkeypa
     monkeypatch.setattr(Planner, "decide", recorded)
     overrides = ["+experiment=capture_flip_async", "policy=prorsa", "policy.plan_per_engine=4", "policy.plan_workers=1",
                  "workload.batch_size=4", "mode.max_in_flight=64", "mode.num_steps=4"]
-    keys = OmegaConf.to_container(load_config(overrides).policy, resolve=True)
-    policy = Prorsa(**{k: v for k, v in keys.items() if k != "_target_"})
+    policy = instantiate(load_config(overrides).policy)
     simulate(overrides, policy=policy)
     wanted = [i for i, (weight, switch) in enumerate(decided) if weight > 1 and switch]
     assert wanted and all(i + 1 < len(decided) and decided[i + 1][0] == 1 for i in wanted)

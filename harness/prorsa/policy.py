@@ -295,8 +295,8 @@ class Prorsa(Policy):
         planned = view if part is None else part.view(view)   # the engines the what-if simulates
         if part is not None:
             self.planner.whatif.placement = part.work(self.work) if self.work is not None else None
+        sample = self._sample(view.now, sampler, part, thin)
         if not self.switching or view.now - self._last_switch < self.min_dwell_s:
-            sample = self._sample(view.now, sampler, part, thin)
             outcome = self.planner.whatif.run(sample.live, [e.role for e in planned.engines],
                                               [e.role for e in planned.engines], sample.new,
                                               self._scaled(self.run.max_in_flight),
@@ -306,7 +306,6 @@ class Prorsa(Policy):
         at = current_split(planned)
         if at is None:
             return None   # the slice is between roles (a switch under way elsewhere)
-        sample = self._sample(view.now, sampler, part, thin)
         d = self._decide(planned, at, sample)
         if self.weight > 1 and d.switch and self._cluster_split(d.split) != current:
             self.planner.unweigh()   # the thinned plan's scores are not evidence

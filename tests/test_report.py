@@ -398,6 +398,13 @@ def test_claims_script_computes_coexistence_and_fixed_splits_per_seed(tmp_path):
     assert "| best fixed split per seed | 2P6D, 2P6D | - |" in out
     assert "| best fixed / colocate | 2.00 (2.00-2.00, n=2) | - |" in out
     assert "| worst fixed / colocate | 0.50 (0.50-0.50, n=2) | - |" in out
+    subprocess.run([sys.executable, "scripts/claims.py", str(tmp_path), str(tmp_path / "claims.md")],
+                   cwd=Path(__file__).resolve().parents[1], check=True)
+    assert (tmp_path / "claims.md").read_text() == out
+    values = json.loads((tmp_path / "claims.json").read_text())   # what REPRODUCE.md's claims table reads
+    assert values["splits"]["search-sync"] == {"best": ["2P6D", "2P6D"], "best_speedup": [2.0, 2.0],
+                                               "worst_speedup": [0.5, 0.5]}
+    assert values["coexist"]["search"] == pytest.approx([1 / 3, 1 / 3])
     missing = subprocess.run([sys.executable, "scripts/claims.py", str(tmp_path / "nothing")], capture_output=True,
                              text=True, cwd=Path(__file__).resolve().parents[1])
     assert missing.returncode != 0 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr

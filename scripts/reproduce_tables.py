@@ -77,7 +77,8 @@ def claims_table() -> str:
     ref = read(REFERENCE / "prorsa.csv")
     ref["experiment"] = ref.workload.map(experiment)
     heavy = ref[ref.experiment == "heavy_prefill"]
-    tied = sorted({e for e, g in ref.groupby("experiment") if (g.best_static == "colocate").all()})
+    tied = sorted(e + ("_async" if mode == "async" else "") for (e, mode), g in ref.groupby(["experiment", "mode"])
+                  if (g.best_static == "colocate").all())
     shift = shift_rows()
     shift = shift[shift.policy.map(full_prorsa)]
 

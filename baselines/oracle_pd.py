@@ -14,7 +14,8 @@ every phase left (REPRODUCE.md, section 5's curricula).
   time is sure to exceed the best so far: it could not be chosen, and the choice is the same. Between
   decisions the rollout runs exactly as the fork of the chosen candidate did, so each decision can
   only shorten the predicted end: the oracle never ends later than its start allocation, hence never
-  behind `hindsight_best`.
+  behind `hindsight_best`. So staying's time at a decision is the time the last decision predicted for the
+  allocation it chose, and is not simulated again.
 """
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ class OraclePD(Policy):
         self.decisions: list[tuple[float, int]] = []
         self.predicted: list[tuple[float, dict[int, float | None]]] = []
         self._next = decision_interval_s
+        self._chosen_s: float | None = None   # the predicted rollout time of the allocation held now
         self._simulate: Callable[..., float | None] | None = None
         self._driver = None
 
@@ -90,6 +92,7 @@ class OraclePD(Policy):
                                                                   HoldRoles(PrefixTracker(), self.balance), limit_s))
         finished = {k: v for k, v in scores.items() if v is not None}
         best = min(finished, key=lambda k: (finished[k], k))
+        self._chosen_s = finished[best]
         self.decisions.append((0.0, best))
         self.predicted.append((0.0, scores))
         return roles_for(best, self.n)
@@ -115,12 +118,14 @@ class OraclePD(Policy):
                 del fork   # before nested_runs collects: the fork's graph is freed with it
             return rollout_s
         others = [k for k in ([COLOCATED] if self.allow_colocated else []) + list(range(1, self.n)) if k != current]
-        scores = race([current, *others], forked)   # staying first: every other candidate must beat it
+        # staying first: every other candidate must beat it; its time is the one the last decision predicted
+        scores = race([current, *others], forked, known={current: self._chosen_s})
         self.predicted.append((view.now, scores))
         finished = {k: v for k, v in scores.items() if v is not None}
         best = min(finished, key=lambda k: (finished[k], k != current, k))
         if best == current or not finished[best] < finished[current]:
             return None
+        self._chosen_s = finished[best]
         self.decisions.append((view.now, best))
         return roles_of[best]
 
@@ -137,13 +142,14 @@ class OraclePD(Policy):
                                        for t, s in self.predicted]}
 
 
-def race(candidates: list[int], run: Callable[[int, float], float | None]) -> dict[int, float | None]:
+def race(candidates: list[int], run: Callable[[int, float], float | None],
+         known: dict[int, float | None] | None = None) -> dict[int, float | None]:
     """Each candidate's rollout time, in order: `run(k, limit_s)` stops once sure to exceed the best so far
-    (None: it could not be chosen)."""
+    (None: it could not be chosen). A time in `known` is taken as it is, not run."""
     scores: dict[int, float | None] = {}
     best_s = math.inf
     for k in candidates:
-        scores[k] = run(k, best_s)
+        scores[k] = known[k] if known and known.get(k) is not None else run(k, best_s)
         if scores[k] is not None:
             best_s = min(best_s, scores[k])
     return scores

@@ -557,6 +557,26 @@ def test_oracle_is_never_behind_the_best_static_allocation(tmp_path):
     assert summary["oracle_decisions"][0][0] == 0.0
 
 
+def test_the_oracle_takes_staying_as_the_time_its_last_decision_predicted(tmp_path, monkeypatch):
+    """Between decisions the rollout runs as the fork of the allocation chosen did, so staying's time at a
+    decision is the one predicted for it then, and is not simulated again: the same decisions, the same
+    predictions and the same rollout as simulating staying at every decision (capture_flip_async scaled
+    down: 64 in flight on 8 engines, three switches)."""
+    import baselines.oracle_pd as oracle
+    from harness.experiment import run_experiment
+    from tests.conftest import load_config
+    overrides = ["+experiment=capture_flip_async", "policy=oracle_pd", "workload.batch_size=4",
+                 "mode.max_in_flight=64", "mode.num_steps=4"]
+    reused = run_experiment(load_config(overrides), tmp_path / "reused")
+    race = oracle.race
+    monkeypatch.setattr(oracle, "race", lambda candidates, run, known=None: race(candidates, run))
+    simulated = run_experiment(load_config(overrides), tmp_path / "simulated")
+    assert len(reused["oracle_decisions"]) > 2   # switches: staying after one is its predicted time
+    assert reused["oracle_predicted_s"] == simulated["oracle_predicted_s"]
+    assert reused["oracle_decisions"] == simulated["oracle_decisions"]
+    assert reused["rollout_time_s"] == simulated["rollout_time_s"]
+
+
 @pytest.mark.parametrize("extra", [[], ["mode.num_steps=2"]])
 def test_a_run_within_a_limit_is_its_rollout_time_or_none_once_sure_to_exceed_it(extra):
     """A small heavy-prefill run held colocated (one step, and two: the rollout time sums the steps'

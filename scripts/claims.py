@@ -12,7 +12,6 @@ differs from what they render (tests/test_claims_render.py runs it).
   python scripts/claims.py results/reproduce [results/reference/claims.md]
   python scripts/claims.py --render [REPRODUCE.md] | --check [REPRODUCE.md]"""
 import json
-import re
 import sys
 from pathlib import Path
 

@@ -32,6 +32,11 @@ def m(values, digits: int = 2) -> str:
     return spread(pd.Series(list(values), dtype=float), digits)
 
 
+def wall(g: pd.DataFrame) -> str:
+    """Prorsa's wall time (its plans included) over colocation's, per seed (report.py `prorsa_seeds`)."""
+    return m(g.wall_time_s / g.colocate_wall_time_s, 0) + "x"
+
+
 def experiment(workload: str) -> str:
     return EXPERIMENT.get(workload, workload)
 
@@ -126,12 +131,13 @@ def prorsa_reference() -> str:
             v = s.get(f"speedup[{policy}]")
             return "-" if pd.isna(v) else f"{v:.2f} ({int(s[f'seeds[{policy}]'])})"
         rows.append([experiment(w), mode, cluster, len(g), ", ".join(g.sort_values("seed").best_static),
-                     m(g.vs_colocate), m(g.vs_best_static, 3), f"{g.num_role_switches.mean():.1f}",
+                     m(g.vs_colocate), m(g.vs_best_static, 3), f"{g.num_role_switches.mean():.1f}", wall(g),
                      base("oracle_pd"), base("reactive_pd"), base("ppd")])
     rows.sort(key=lambda r: (r[0], r[1]))
     return md_table(pd.DataFrame(rows, columns=[
         "experiment", "mode", "cluster", "seeds", "best static per seed", "Prorsa / colocation",
-        "Prorsa / best static", "switches", "oracle_pd / colocation (seeds)", "reactive_pd (seeds)", "ppd (seeds)"]))
+        "Prorsa / best static", "switches", "wall time / colocation's", "oracle_pd / colocation (seeds)",
+        "reactive_pd (seeds)", "ppd (seeds)"]))
 
 
 def shift() -> str:
@@ -151,11 +157,11 @@ def shift() -> str:
         pearl = speed[speed.curriculum == name].get("speedup[pearl]", pd.Series(dtype=float)).dropna()
         placed = g[g.policy.str.contains("forecast_work", regex=False)]
         rows.append([name, len(full), m(full.vs_colocate), m(full.vs_best_static, 3),
-                     f"{full.num_role_switches.mean():.1f}", variant("switching=False"), variant("forecast=False"),
+                     f"{full.num_role_switches.mean():.1f}", wall(full), variant("switching=False"), variant("forecast=False"),
                      "-" if placed.empty else m(placed.vs_colocate), "-" if pearl.empty else f"{pearl.iloc[0]:.2f}"])
     return md_table(pd.DataFrame(rows, columns=[
         "curriculum", "seeds", "Prorsa / colocation", "Prorsa / best static", "switches",
-        "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
+        "wall time / colocation's", "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
 
 
 def ablations() -> str:

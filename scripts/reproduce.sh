@@ -7,7 +7,7 @@
 #                                         several hours on a 2-core machine; nothing in results/reference)
 #   MAPS=0 bash scripts/reproduce.sh      without section 6's regime maps (about half the set's time)
 #   PUBLISH=1 bash scripts/reproduce.sh   then replace the committed results in results/reference/ with
-#                                         OUT's and render REPRODUCE.md from them (scripts/claims.py --render)
+#                                         OUT's and render REPRODUCE.md (scripts/publish_reference.sh)
 # Each block is one Hydra multirun; rerunning skips the jobs already complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -128,26 +128,6 @@ sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
 timed "$PY" -m harness.report "$OUT/$E64" "$OUT/${E64}_migrate" --out "$OUT/report-shift-64gpu"
 fi
 # PUBLISH=1: OUT's tables, figures and timing replace the committed ones, and REPRODUCE.md is rendered.
-if [ "${PUBLISH:-0}" = 1 ]; then
-  R=results/reference
-  cp "$OUT"/report/{speedup.md,speedup.csv,prorsa.csv,claims.md,claims.json} "$R"/
-  cp "$OUT"/report-ablations/speedup.md "$R"/ablations.md
-  cp "$OUT"/report-ablations/prorsa.csv "$R"/ablations.csv
-  cp "$OUT"/report-shift/speedup.md "$R"/shift.md
-  cp "$OUT"/report-shift/speedup.csv "$R"/shift.csv
-  cp "$OUT"/report-shift/prorsa.csv "$R"/shift_prorsa.csv
-  for f in "$R"/figures/*; do   # the figures REPRODUCE.md names, from whichever report drew them
-    new=$(ls "$OUT"/report*/figures/"$(basename "$f")" 2>/dev/null | head -1)
-    if [ -n "$new" ]; then cp "$new" "$f"; else echo "reproduce.sh: no $(basename "$f") in $OUT/report*/figures" >&2; fi
-  done
-  if [ "${MAPS:-1}" = 1 ]; then
-    cp "$OUT"/regime_map/regime_map.csv "$R"/regime_map.csv
-    cp "$OUT"/regime_map/regime_map_sync.{png,pdf} "$R"/
-    cp "$OUT"/regime_map_async/regime_map.csv "$R"/regime_map_async.csv
-    cp "$OUT"/regime_map_async/regime_map_async.{png,pdf} "$R"/
-  fi
-  sed "s#$OUT/#OUT/#g" "$OUT"/timing.tsv > "$R"/timing.tsv   # the steps as reproduce.sh names them
-  "$PY" scripts/claims.py --render
-fi
+if [ "${PUBLISH:-0}" = 1 ]; then PYTHON="$PY" bash scripts/publish_reference.sh "$OUT"; fi
 # A step rerun after a stop only skips its complete jobs: the whole set's time counts each step's first run.
 awk -F'\t' '!seen[$2]++ {s += $1; n++} END {printf "reproduce.sh: %d steps, %.0f s in all (OUT/timing.tsv)\n", n, s}' "$OUT/timing.tsv"

@@ -21,11 +21,20 @@ EXPERIMENT = {"synthetic": "heavy_prefill", "mix": "drift"}
 MARKER = re.compile(r"<!-- rendered: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /rendered -->\n", re.S)
 
 
-def read(path: Path) -> pd.DataFrame:
+def read(path: Path, *columns: str) -> pd.DataFrame:
+    """A committed CSV with the `columns` a table needs."""
+    name = path.relative_to(RESULTS.parent)
     if not path.exists():
-        raise FileNotFoundError(f"{path.relative_to(RESULTS.parent)}: no such file (committed results; "
-                                "REPRODUCE.md says which command writes it)")
-    return pd.read_csv(path)
+        raise FileNotFoundError(f"{name}: no such file (committed results; REPRODUCE.md says which command writes it)")
+    df = pd.read_csv(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name}: no column {', '.join(missing)} (written by an older report: regenerate it)")
+    return df
+
+
+PRORSA = ("seed", "vs_colocate", "vs_best_static", "best_static", "num_role_switches", "wall_time_s",
+          "colocate_wall_time_s")   # the report's prorsa.csv columns the tables read
 
 
 def m(values, digits: int = 2) -> str:
@@ -34,7 +43,7 @@ def m(values, digits: int = 2) -> str:
 
 def wall(g: pd.DataFrame) -> str:
     """Prorsa's wall time (its plans included) over colocation's, per seed (report.py `prorsa_seeds`)."""
-    return m(g.wall_time_s / g.colocate_wall_time_s, 0) + "x"
+    return m(g.wall_time_s / g.colocate_wall_time_s, 0)
 
 
 def experiment(workload: str) -> str:
@@ -60,7 +69,7 @@ def curriculum(row) -> str:
 
 
 def shift_rows() -> pd.DataFrame:
-    df = read(REFERENCE / "shift_prorsa.csv")
+    df = read(REFERENCE / "shift_prorsa.csv", *PRORSA)
     df["curriculum"] = [curriculum(r) for r in df.itertuples()]
     return df
 
@@ -79,7 +88,7 @@ def claims_table() -> str:
     names = sorted({n for s in splits for n in s["best"]}, key=lambda n: int(n.split("P")[0]))
     best = [pd.Series(s["best_speedup"]).mean() for s in splits]
     worst = [pd.Series(s["worst_speedup"]).mean() for s in splits]
-    ref = read(REFERENCE / "prorsa.csv")
+    ref = read(REFERENCE / "prorsa.csv", *PRORSA)
     ref["experiment"] = ref.workload.map(experiment)
     heavy = ref[ref.experiment == "heavy_prefill"]
     tied = sorted(e + ("_async" if mode == "async" else "") for (e, mode), g in ref.groupby(["experiment", "mode"])
@@ -121,7 +130,7 @@ def claims_1_3() -> str:
 
 def prorsa_reference() -> str:
     """Section 4: per experiment, Prorsa and the baselines against colocation and the best static split."""
-    ref = read(REFERENCE / "prorsa.csv")
+    ref = read(REFERENCE / "prorsa.csv", *PRORSA)
     speed = read(REFERENCE / "speedup.csv")
     rows = []
     for (w, mode, cluster), g in ref.groupby(["workload", "mode", "cluster"], sort=False):
@@ -136,7 +145,7 @@ def prorsa_reference() -> str:
     rows.sort(key=lambda r: (r[0], r[1]))
     return md_table(pd.DataFrame(rows, columns=[
         "experiment", "mode", "cluster", "seeds", "best static per seed", "Prorsa / colocation",
-        "Prorsa / best static", "switches", "wall time / colocation's", "oracle_pd / colocation (seeds)",
+        "Prorsa / best static", "switches", "wall time / colocation's (x)", "oracle_pd / colocation (seeds)",
         "reactive_pd (seeds)", "ppd (seeds)"]))
 
 
@@ -161,15 +170,26 @@ def shift() -> str:
                      "-" if placed.empty else m(placed.vs_colocate), "-" if pearl.empty else f"{pearl.iloc[0]:.2f}"])
     return md_table(pd.DataFrame(rows, columns=[
         "curriculum", "seeds", "Prorsa / colocation", "Prorsa / best static", "switches",
-        "wall time / colocation's", "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
+        "wall time / colocation's (x)", "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
+
+
+# the ablations' defaults (configs/policy/prorsa.yaml, configs/cluster/moe_h200.yaml): left out of their labels
+ABLATION_DEFAULTS = {"forecast=True", "horizon_s=20.0", "initial=plan", "switching=True",
+                     "cluster.reshard_switch_time_s=60.0", "cluster.switch_time_s=6.0"}
+
+
+def changed(label: str) -> str:
+    """The `k=v` of a report label that differ from the defaults ("as configured" if none)."""
+    keys = [kv for kv in re.split(r"[\[\],]", label) if "=" in kv and kv not in ABLATION_DEFAULTS]
+    return ", ".join(keys) or "as configured"
 
 
 def ablations() -> str:
     """Prorsa's components on heavy_prefill (seed 0): each variant against colocation."""
-    df = read(REFERENCE / "ablations.csv")
-    rows = [[p.removeprefix("prorsa"), "" if pd.isna(s) else s, f"{v:.2f}", int(n)]
+    df = read(REFERENCE / "ablations.csv", "policy", "setting", "vs_colocate", "num_role_switches")
+    rows = [[changed(f"{p},{'' if pd.isna(s) else s}"), f"{v:.2f}", int(n)]
             for p, s, v, n in zip(df.policy, df.setting, df.vs_colocate, df.num_role_switches)]
-    return md_table(pd.DataFrame(rows, columns=["Prorsa variant", "cluster setting", "Prorsa / colocation", "switches"]))
+    return md_table(pd.DataFrame(rows, columns=["Prorsa with", "Prorsa / colocation", "switches"]))
 
 
 def include(path: Path):
@@ -220,7 +240,7 @@ def every_setting() -> str:
     result, each from its file: section 4's experiments, section 5's curricula, the capture study's settings
     and the thinning study's (full plans)."""
     parts = []
-    ref = read(REFERENCE / "prorsa.csv")
+    ref = read(REFERENCE / "prorsa.csv", *PRORSA)
     parts += [(experiment(w) + ("_async" if mode == "async" else ""), "reference/prorsa.csv", g.vs_best_static,
                g.num_role_switches)
               for (w, mode), g in ref.groupby(["workload", "mode"])]

@@ -582,7 +582,7 @@ def set_summary(d: Path, **keys) -> None:
 
 
 BROKEN = [
-    ("summary_truncated", lambda d: truncate(d / "summary.json"), "summary.json: cannot be read (Expecting property name"),
+    ("summary_truncated", lambda d: truncate(d / "summary.json"), "summary.json: cannot be read ("),
     ("summary_empty", lambda d: (d / "summary.json").write_text(""), "summary.json: cannot be read (Expecting value"),
     ("summary_not_utf8", lambda d: (d / "summary.json").write_bytes(b'{"policy": "\xff"}'),
      "summary.json: not UTF-8 (byte 0xff at offset 12)"),

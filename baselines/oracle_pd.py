@@ -3,8 +3,7 @@ running simulation (which holds every trajectory's script) and runs each candida
 end of the rollout, then takes the best; it needs the simulator (backend=sim). It is never behind
 the best static allocation, but it is not an upper bound on switching: each decision compares holding
 one allocation to the end, so a split that serves only the phase at hand loses to one that serves
-every phase left (on shift_reason_browse_kvboth at seed 0, 854.3 s against Prorsa's 806.2 s;
-REPRODUCE.md section 5).
+every phase left (REPRODUCE.md, section 5's curricula).
 
 - At the start it runs the whole rollout under colocation and every P:D split (nothing is loaded yet,
   so no switch is paid) and starts in the best: never worse than the best static allocation

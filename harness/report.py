@@ -283,10 +283,10 @@ def runs_frame(runs: list[Run]) -> pd.DataFrame:
                      "lower_bound_s": s["lower_bound_s"], "efficiency": s["efficiency_vs_lower_bound"],
                      "num_prefill": r.config.get("policy.num_prefill"),
                      "num_engines": r.config.get("cluster.num_engines"),
-                     "num_role_switches": s.get("num_role_switches", 0)})
+                     "num_role_switches": s.get("num_role_switches", 0), "wall_time_s": s.get("wall_time_s")})
     df = pd.DataFrame(rows, columns=["path", "policy_name", "experiment", "workload", "mode", "cluster", "seed",
                                      "rollout_time_s", "lower_bound_s", "efficiency", "num_prefill", "num_engines",
-                                     "num_role_switches"])
+                                     "num_role_switches", "wall_time_s"])
     df["policy"], df["setting"] = df["policy_name"], ""
     for name, idx in df.groupby("policy_name").groups.items():
         configs = [done[i].config for i in idx]
@@ -344,7 +344,8 @@ def static_name(policy_name: str, num_prefill, num_engines) -> str:
 
 
 PRORSA_SEED_COLUMNS = ROW_KEYS + ["policy", "seed", "rollout_time_s", "colocate_s", "best_static_s", "best_static",
-                                  "vs_colocate", "vs_best_static", "num_role_switches"]
+                                  "vs_colocate", "vs_best_static", "num_role_switches", "wall_time_s",
+                                  "colocate_wall_time_s"]
 
 
 # Settings of the role-switch mechanism: a static allocation never switches, so they never change its run.
@@ -364,10 +365,11 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     that seed), its speedup over both, and its role switches. Seed by seed, as `oracle_below_hindsight`
     and for the same reason: the best static allocation differs from seed to seed. A Prorsa run under
     another switch mechanism (drain, decode migration, other switch times) is compared with the statics
-    of the same setting otherwise, which that mechanism cannot change. `df`: runs_frame()."""
+    of the same setting otherwise, which that mechanism cannot change. With each, Prorsa's and
+    colocation's wall time (the simulation's process time, Prorsa's plans included). `df`: runs_frame()."""
     runs = df.groupby(ROW_KEYS + ["policy_name", "policy", "seed"], as_index=False, dropna=False).agg(
         rollout_time_s=("rollout_time_s", "mean"), num_role_switches=("num_role_switches", "mean"),
-        num_prefill=("num_prefill", "first"), num_engines=("num_engines", "first"))
+        num_prefill=("num_prefill", "first"), num_engines=("num_engines", "first"), wall_time_s=("wall_time_s", "mean"))
     runs["static_setting"] = runs["setting"].map(_static_setting)
     fixed_seeds = runs.loc[runs["policy_name"] == "fixed_pd", STATIC_KEYS].drop_duplicates()
     statics = runs[(runs["policy_name"] == "fixed_pd") | (runs["policy"] == BASELINE)].merge(fixed_seeds,
@@ -379,9 +381,9 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     best = best.assign(best_static=[static_name(*r) for r in
                                     zip(best["policy_name"], best["num_prefill"], best["num_engines"])])
     best = best[STATIC_KEYS + ["rollout_time_s", "best_static"]].rename(columns={"rollout_time_s": "best_static_s"})
-    colocate = runs[runs["policy"] == BASELINE].groupby(STATIC_KEYS, as_index=False)["rollout_time_s"].min()
-    out = prorsa.merge(best, on=STATIC_KEYS, how="left").merge(
-        colocate.rename(columns={"rollout_time_s": "colocate_s"}), on=STATIC_KEYS, how="left")
+    colocate = runs[runs["policy"] == BASELINE].groupby(STATIC_KEYS, as_index=False).agg(
+        colocate_s=("rollout_time_s", "min"), colocate_wall_time_s=("wall_time_s", "mean"))
+    out = prorsa.merge(best, on=STATIC_KEYS, how="left").merge(colocate, on=STATIC_KEYS, how="left")
     out["best_static"] = out["best_static"].astype(object).fillna("-")
     out["vs_colocate"] = out["colocate_s"] / out["rollout_time_s"]
     out["vs_best_static"] = out["best_static_s"] / out["rollout_time_s"]

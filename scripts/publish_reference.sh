@@ -13,8 +13,11 @@ cp "$OUT"/report-ablations/prorsa.csv "$R"/ablations.csv
 cp "$OUT"/report-shift/speedup.md "$R"/shift.md
 cp "$OUT"/report-shift/speedup.csv "$R"/shift.csv
 cp "$OUT"/report-shift/prorsa.csv "$R"/shift_prorsa.csv
-for f in "$R"/figures/*; do   # the figures REPRODUCE.md names, from whichever report drew them
-  new=$(ls "$OUT"/report*/figures/"$(basename "$f")" 2>/dev/null | head -1 || true)
+for f in "$R"/figures/*; do   # the figures REPRODUCE.md names: section 4's report's first, then the others'
+  new=""
+  for d in report report-shift report-ablations; do
+    if [ -z "$new" ] && [ -f "$OUT/$d/figures/$(basename "$f")" ]; then new="$OUT/$d/figures/$(basename "$f")"; fi
+  done
   if [ -n "$new" ]; then cp "$new" "$f"; else echo "publish_reference.sh: no $(basename "$f") in $OUT/report*/figures" >&2; fi
 done
 if [ "${MAPS:-1}" = 1 ]; then

@@ -26,5 +26,5 @@ if [ "${MAPS:-1}" = 1 ]; then
   cp "$OUT"/regime_map_async/regime_map.csv "$R"/regime_map_async.csv
   cp "$OUT"/regime_map_async/regime_map_async.{png,pdf} "$R"/
 fi
-sed "s#$OUT/#OUT/#g" "$OUT"/timing.tsv > "$R"/timing.tsv   # the steps as reproduce.sh names them
+sed "s#$OUT#OUT#g" "$OUT"/timing.tsv > "$R"/timing.tsv   # the steps as reproduce.sh names them
 "$PY" scripts/claims.py --render

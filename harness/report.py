@@ -10,8 +10,9 @@ into OUT (default: the first DIR):
 - why.csv (and a line per row in speedup.md and on the console): per row and policy, the shares of the
   critical path in tool calls, queueing, prefill, KV transfer and decode, and the most any allocation could
   gain by the lower bound (harness/critical_path.py);
-- prorsa.csv (and a table in speedup.md): per Prorsa run and seed, its time against colocation's and the
-  best static allocation's of the same seed, which allocation that was, and its role switches;
+- prorsa.csv (and a table in speedup.md): per Prorsa run and seed, its row's name (the experiment), its
+  time against colocation's and the best static allocation's of the same seed, which allocation that
+  was, its role switches, and its wall time and colocation's;
 - figures/, each as PNG and PDF at a printable width (harness/figure_style.py: one policy order and colour
   map for all of them): per row, demand vs engines per role (demand_*), CDF of trajectory completion time
   (completion_cdf_*), makespan vs the P:D split of fixed_pd runs (makespan_vs_pd_*) and, per prorsa
@@ -343,7 +344,7 @@ def static_name(policy_name: str, num_prefill, num_engines) -> str:
     return f"{int(num_prefill)}P{int(num_engines) - int(num_prefill)}D"
 
 
-PRORSA_SEED_COLUMNS = ROW_KEYS + ["policy", "seed", "rollout_time_s", "colocate_s", "best_static_s", "best_static",
+PRORSA_SEED_COLUMNS = ROW_KEYS + ["experiment", "policy", "seed", "rollout_time_s", "colocate_s", "best_static_s", "best_static",
                                   "vs_colocate", "vs_best_static", "num_role_switches", "wall_time_s",
                                   "colocate_wall_time_s"]
 
@@ -365,8 +366,9 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     that seed), its speedup over both, and its role switches. Seed by seed, as `oracle_below_hindsight`
     and for the same reason: the best static allocation differs from seed to seed. A Prorsa run under
     another switch mechanism (drain, decode migration, other switch times) is compared with the statics
-    of the same setting otherwise, which that mechanism cannot change. With each, Prorsa's and
-    colocation's wall time (the simulation's process time, Prorsa's plans included). `df`: runs_frame()."""
+    of the same setting otherwise, which that mechanism cannot change. With each, its row's name
+    (row_names) and Prorsa's and colocation's wall time (the simulation's process time, Prorsa's plans
+    included). `df`: runs_frame()."""
     runs = df.groupby(ROW_KEYS + ["policy_name", "policy", "seed"], as_index=False, dropna=False).agg(
         rollout_time_s=("rollout_time_s", "mean"), num_role_switches=("num_role_switches", "mean"),
         num_prefill=("num_prefill", "first"), num_engines=("num_engines", "first"), wall_time_s=("wall_time_s", "mean"))
@@ -377,6 +379,8 @@ def prorsa_seeds(df: pd.DataFrame) -> pd.DataFrame:
     prorsa = runs[runs["policy_name"] == "prorsa"]
     if prorsa.empty:
         return pd.DataFrame(columns=PRORSA_SEED_COLUMNS)
+    names = row_names(df)
+    prorsa = prorsa.assign(experiment=[names[tuple(k)] for k in prorsa[ROW_KEYS].itertuples(index=False)])
     best = statics.loc[statics.groupby(STATIC_KEYS)["rollout_time_s"].idxmin()]
     best = best.assign(best_static=[static_name(*r) for r in
                                     zip(best["policy_name"], best["num_prefill"], best["num_engines"])])

@@ -11,13 +11,13 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from harness.report import md_table, spread
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 REFERENCE = RESULTS / "reference"
-# the experiment (configs/experiment/) each reference workload is run by: one name in every table
-EXPERIMENT = {"synthetic": "heavy_prefill", "mix": "drift"}
+CONFIGS = RESULTS.parent / "configs"
 MARKER = re.compile(r"<!-- rendered: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /rendered -->\n", re.S)
 
 
@@ -33,7 +33,7 @@ def read(path: Path, *columns: str) -> pd.DataFrame:
     return df
 
 
-PRORSA = ("seed", "vs_colocate", "vs_best_static", "best_static", "num_role_switches", "wall_time_s",
+PRORSA = ("experiment", "seed", "vs_colocate", "vs_best_static", "best_static", "num_role_switches", "wall_time_s",
           "colocate_wall_time_s")   # the report's prorsa.csv columns the tables read
 
 
@@ -46,26 +46,24 @@ def wall(g: pd.DataFrame) -> str:
     return m(g.wall_time_s / g.colocate_wall_time_s, 0)
 
 
-def experiment(workload: str) -> str:
-    return EXPERIMENT.get(workload, workload)
-
-
 def full_prorsa(policy: str) -> bool:
     """Prorsa as configured by default in a report's column name (no ablation, no other placement)."""
     return policy.startswith("prorsa") and "False" not in policy and "forecast_work" not in policy
 
 
 def curriculum(row) -> str:
-    """The experiment (configs/experiment/) of a shifting curriculum of section 5, from its report row."""
+    """A shifting curriculum of section 5: its experiment (the report's row name), and the switch mechanism
+    where a sweep set it over the experiment's."""
     setting = "" if pd.isna(row.setting) else row.setting
-    if row.mode == "sync":
-        return "shift_reason_browse_sync"
-    if row.cluster == "dense8_h100":
-        return "shift_reason_browse_dense8"
-    if "switch_mechanism=kv_both" in setting:
-        migrate = "migrate_decodes_on_switch=True" in setting
-        return "shift_reason_browse_kvboth" + (" (decode migration)" if migrate else "")
-    return "shift_reason_browse" + (" (drain)" if "switch_mechanism=drain" in setting else "")
+    if "migrate_decodes_on_switch=True" in setting:
+        return f"{row.experiment} (decode migration)"
+    return row.experiment + (" (drain)" if "switch_mechanism=drain" in setting else "")
+
+
+def same_row(df: pd.DataFrame, row) -> pd.DataFrame:
+    """The rows of a report table (speedup.csv, shift.csv) with `row`'s workload, mode, cluster and setting."""
+    setting = df.setting.isna() if pd.isna(row["setting"]) else df.setting == row["setting"]
+    return df[(df.workload == row["workload"]) & (df["mode"] == row["mode"]) & (df.cluster == row["cluster"]) & setting]
 
 
 def shift_rows() -> pd.DataFrame:
@@ -89,7 +87,6 @@ def claims_table() -> str:
     best = [pd.Series(s["best_speedup"]).mean() for s in splits]
     worst = [pd.Series(s["worst_speedup"]).mean() for s in splits]
     ref = read(REFERENCE / "prorsa.csv", *PRORSA)
-    ref["experiment"] = ref.workload.map(experiment)
     heavy = ref[ref.experiment == "heavy_prefill"]
     tied = sorted(e + ("_async" if mode == "async" else "") for (e, mode), g in ref.groupby(["experiment", "mode"])
                   if (g.best_static == "colocate").all())
@@ -133,13 +130,13 @@ def prorsa_reference() -> str:
     ref = read(REFERENCE / "prorsa.csv", *PRORSA)
     speed = read(REFERENCE / "speedup.csv")
     rows = []
-    for (w, mode, cluster), g in ref.groupby(["workload", "mode", "cluster"], sort=False):
-        s = speed[(speed.workload == w) & (speed["mode"] == mode) & (speed.cluster == cluster)].iloc[0]
+    for (name, mode, cluster), g in ref.groupby(["experiment", "mode", "cluster"], sort=False):
+        s = same_row(speed, g.iloc[0]).iloc[0]
 
         def base(policy: str) -> str:
             v = s.get(f"speedup[{policy}]")
             return "-" if pd.isna(v) else f"{v:.2f} ({int(s[f'seeds[{policy}]'])})"
-        rows.append([experiment(w), mode, cluster, len(g), ", ".join(g.sort_values("seed").best_static),
+        rows.append([name, mode, cluster, len(g), ", ".join(g.sort_values("seed").best_static),
                      m(g.vs_colocate), m(g.vs_best_static, 3), f"{g.num_role_switches.mean():.1f}", wall(g),
                      base("oracle_pd"), base("reactive_pd"), base("ppd")])
     rows.sort(key=lambda r: (r[0], r[1]))
@@ -153,7 +150,6 @@ def shift() -> str:
     """Section 5: per curriculum, Prorsa, its ablations and PEARL."""
     df = shift_rows()
     speed = read(REFERENCE / "shift.csv")
-    speed["curriculum"] = [curriculum(r) for r in speed.itertuples()]
     rows = []
     for name, g in df.groupby("curriculum", sort=False):
         full = g[g.policy.map(full_prorsa)]
@@ -163,7 +159,7 @@ def shift() -> str:
         def variant(flag: str) -> str:
             v = g[g.policy.str.contains(flag, regex=False)]
             return "-" if v.empty else m(v.vs_colocate)
-        pearl = speed[speed.curriculum == name].get("speedup[pearl]", pd.Series(dtype=float)).dropna()
+        pearl = same_row(speed, full.iloc[0]).get("speedup[pearl]", pd.Series(dtype=float)).dropna()
         placed = g[g.policy.str.contains("forecast_work", regex=False)]
         rows.append([name, len(full), m(full.vs_colocate), m(full.vs_best_static, 3),
                      f"{full.num_role_switches.mean():.1f}", wall(full), variant("switching=False"), variant("forecast=False"),
@@ -173,21 +169,28 @@ def shift() -> str:
         "wall time / colocation's (x)", "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
 
 
-# the ablations' defaults (configs/policy/prorsa.yaml, configs/cluster/moe_h200.yaml): left out of their labels
-ABLATION_DEFAULTS = {"forecast=True", "horizon_s=20.0", "initial=plan", "switching=True",
-                     "cluster.reshard_switch_time_s=60.0", "cluster.switch_time_s=6.0"}
+def defaults() -> set[str]:
+    """The ablations' settings as configured, `k=v` as report labels write them: Prorsa's own keys
+    (configs/policy/prorsa.yaml) and the switch times of the cluster heavy_prefill runs on."""
+    policy = yaml.safe_load((CONFIGS / "policy" / "prorsa.yaml").read_text())
+    cluster = yaml.safe_load((CONFIGS / "cluster" / "moe_h200.yaml").read_text())
+    return {f"{k}={v}" for k, v in policy.items()} | {f"cluster.{k}={cluster[k]}" for k in SWITCH_TIMES}
 
 
-def changed(label: str) -> str:
-    """The `k=v` of a report label that differ from the defaults ("as configured" if none)."""
-    keys = [kv for kv in re.split(r"[\[\],]", label) if "=" in kv and kv not in ABLATION_DEFAULTS]
+SWITCH_TIMES = ("switch_time_s", "reshard_switch_time_s")   # the cluster keys the ablations vary
+
+
+def changed(label: str, configured: set[str]) -> str:
+    """The `k=v` of a report label that differ from `configured` ("as configured" if none)."""
+    keys = [kv for kv in re.split(r"[\[\],]", label) if "=" in kv and kv not in configured]
     return ", ".join(keys) or "as configured"
 
 
 def ablations() -> str:
     """Prorsa's components on heavy_prefill (seed 0): each variant against colocation."""
     df = read(REFERENCE / "ablations.csv", "policy", "setting", "vs_colocate", "num_role_switches")
-    rows = [[changed(f"{p},{'' if pd.isna(s) else s}"), f"{v:.2f}", int(n)]
+    configured = defaults()
+    rows = [[changed(f"{p},{'' if pd.isna(s) else s}", configured), f"{v:.2f}", int(n)]
             for p, s, v, n in zip(df.policy, df.setting, df.vs_colocate, df.num_role_switches)]
     return md_table(pd.DataFrame(rows, columns=["Prorsa with", "Prorsa / colocation", "switches"]))
 
@@ -241,9 +244,9 @@ def every_setting() -> str:
     and the thinning study's (full plans)."""
     parts = []
     ref = read(REFERENCE / "prorsa.csv", *PRORSA)
-    parts += [(experiment(w) + ("_async" if mode == "async" else ""), "reference/prorsa.csv", g.vs_best_static,
+    parts += [(name + ("_async" if mode == "async" else ""), "reference/prorsa.csv", g.vs_best_static,
                g.num_role_switches)
-              for (w, mode), g in ref.groupby(["workload", "mode"])]
+              for (name, mode), g in ref.groupby(["experiment", "mode"])]
     sh = shift_rows()
     parts += [(name, "reference/shift_prorsa.csv", g.vs_best_static, g.num_role_switches)
               for name, g in sh[sh.policy.map(full_prorsa)].groupby("curriculum", sort=False)]

@@ -15,23 +15,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference"
 ASYNC = ["mode=async", "mode.num_steps=2", "mode.max_in_flight=256"]   # section 4's async rows (reproduce.sh)
-# (file, experiment, its overrides, the file's rows: workload, mode, cluster)
-EXPERIMENTS = [("prorsa.csv", exp, extra, (workload, mode, cluster)) for exp, workload, cluster in (
-    ("search", "search", "dense8_h100"), ("swe", "swe", "dense_h100"), ("tooluse", "tooluse", "moe_h200"))
-    for mode, extra in (("sync", []), ("async", ASYNC))] + [
-    ("prorsa.csv", "drift", [], ("mix", "sync", "moe_h200")),
-    ("prorsa.csv", "heavy_prefill", [], ("synthetic", "sync", "moe_h200")),
+# (file, experiment, its overrides, mode): the file's rows of that experiment and mode
+EXPERIMENTS = [("prorsa.csv", exp, extra, mode) for exp in ("search", "swe", "tooluse")
+               for mode, extra in (("sync", []), ("async", ASYNC))] + [
+    ("prorsa.csv", "drift", [], "sync"), ("prorsa.csv", "heavy_prefill", [], "sync"),
     # a static allocation never switches: the curricula of one cluster and mode share their statics
-    ("shift_prorsa.csv", "shift_reason_browse_kvboth", [], ("mix_reason_browse", "async", "moe_h200")),
-    ("shift_prorsa.csv", "shift_reason_browse_dense8", [], ("mix_reason_browse", "async", "dense8_h100")),
-    ("shift_prorsa.csv", "shift_reason_browse_sync", [], ("mix_reason_browse", "sync", "moe_h200"))]
+    ("shift_prorsa.csv", "shift_reason_browse_kvboth", [], "async"),
+    ("shift_prorsa.csv", "shift_reason_browse_dense8", [], "async"),
+    ("shift_prorsa.csv", "shift_reason_browse_sync", [], "sync")]
 
 
-def seed0(file: str, key: tuple[str, str, str]) -> pd.Series:
+def seed0(file: str, experiment: str, mode: str) -> pd.Series:
     ref = pd.read_csv(REFERENCE / file)
-    workload, mode, cluster = key
-    rows = ref[(ref.workload == workload) & (ref["mode"] == mode) & (ref.cluster == cluster) & (ref.seed == 0)]
-    assert len(rows), f"{file}: no row for {workload} {mode} {cluster} at seed 0"
+    rows = ref[(ref.experiment == experiment) & (ref["mode"] == mode) & (ref.seed == 0)]
+    assert len(rows), f"{file}: no row for {experiment} {mode} at seed 0"
     return rows.iloc[0]   # colocate_s, best_static_s and best_static are the same on every policy's row
 
 
@@ -43,10 +40,10 @@ def rollout_s(tmp_path: Path, *overrides: str) -> float:
     return json.loads((out / "summary.json").read_text())["rollout_time_s"]
 
 
-@pytest.mark.parametrize("file, experiment, extra, key", EXPERIMENTS, ids=[f"{e}-{k[1]}" for _, e, _, k in EXPERIMENTS])
+@pytest.mark.parametrize("file, experiment, extra, mode", EXPERIMENTS, ids=[f"{e}-{m}" for _, e, _, m in EXPERIMENTS])
 @pytest.mark.parametrize("static", ["colocate", "best"])
-def test_a_committed_static_run_reproduces_at_head(tmp_path, file, experiment, extra, key, static):
-    row = seed0(file, key)
+def test_a_committed_static_run_reproduces_at_head(tmp_path, file, experiment, extra, mode, static):
+    row = seed0(file, experiment, mode)
     if static == "colocate":
         policy, expected = ["policy=colocate"], row.colocate_s
     elif row.best_static == "colocate":
@@ -56,10 +53,10 @@ def test_a_committed_static_run_reproduces_at_head(tmp_path, file, experiment, e
     assert rollout_s(tmp_path, f"+experiment={experiment}", *extra, *policy) == pytest.approx(float(expected), rel=1e-6)
 
 
-@pytest.mark.parametrize("experiment, workload", [("heavy_prefill", "synthetic"), ("search", "search")])
-def test_a_committed_prorsa_run_reproduces_at_head(tmp_path, experiment, workload):
+@pytest.mark.parametrize("experiment", ["heavy_prefill", "search"])
+def test_a_committed_prorsa_run_reproduces_at_head(tmp_path, experiment):
     ref = pd.read_csv(REFERENCE / "prorsa.csv")
-    row = ref[(ref.workload == workload) & (ref["mode"] == "sync") & (ref.seed == 0) & (ref.policy == "prorsa")]
-    assert len(row) == 1, f"prorsa.csv: no single Prorsa row for {workload} sync seed 0"
+    row = ref[(ref.experiment == experiment) & (ref["mode"] == "sync") & (ref.seed == 0) & (ref.policy == "prorsa")]
+    assert len(row) == 1, f"prorsa.csv: no single Prorsa row for {experiment} sync seed 0"
     assert rollout_s(tmp_path, f"+experiment={experiment}", "policy=prorsa") == \
         pytest.approx(float(row.rollout_time_s.iloc[0]), rel=1e-6)

@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-results/reproduce}
 PY=${PYTHON:-.venv/bin/python}
 POLICIES=colocate,prorsa,reactive_pd,ppd,oracle_pd
+BASELINES=reactive_pd,ppd,oracle_pd   # at seeds 1 and 2 (pearl runs its three seeds on its own line)
 LAUNCH=(); MAP=()
 if [ "${RAY:-0}" = 1 ]; then
   LAUNCH=(hydra/launcher=ray +hydra.launcher.ray.init.include_dashboard=false); MAP=(--ray)
@@ -34,30 +35,37 @@ for exp in search swe tooluse; do
     [ "$mode" = async ] && extra=(mode=async mode.num_steps=2 "mode.max_in_flight=256")
     sweep "$exp-$mode" +experiment=$exp policy=$POLICIES "${extra[@]}"
     sweep "$exp-$mode" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 "${extra[@]}"
+    sweep "$exp-$mode" +experiment=$exp policy=pearl seed=0,1,2 "${extra[@]}"
   done
 done
 for exp in drift heavy_prefill; do
   sweep "$exp" +experiment=$exp policy=$POLICIES
   sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7
+  sweep "$exp" +experiment=$exp policy=pearl seed=0,1,2
 done
-# Section 4 at seeds 1 and 2 (seed 0 above): colocation, Prorsa and every split, for the mean and spread.
+# Section 4 at seeds 1 and 2 (seed 0 above): colocation, Prorsa, every split and the baselines, for the
+# mean and spread.
 for exp in search tooluse; do
   for mode in sync async; do
     extra=()
     [ "$mode" = async ] && extra=(mode=async mode.num_steps=2 "mode.max_in_flight=256")
     sweep "$exp-$mode" +experiment=$exp policy=colocate,prorsa seed=1,2 "${extra[@]}"
     sweep "$exp-$mode" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2 "${extra[@]}"
+    sweep "$exp-$mode" +experiment=$exp policy=$BASELINES seed=1,2 "${extra[@]}"
   done
 done
 for exp in heavy_prefill drift; do
   sweep "$exp" +experiment=$exp policy=colocate,prorsa seed=1,2
   sweep "$exp" +experiment=$exp policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2
+  sweep "$exp" +experiment=$exp policy=$BASELINES seed=1,2
 done
 sweep swe-sync +experiment=swe policy=colocate,prorsa seed=1,2
 sweep swe-sync +experiment=swe policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2
+sweep swe-sync +experiment=swe policy=$BASELINES seed=1,2
 swe_async=(mode=async mode.num_steps=2 "mode.max_in_flight=256")
 sweep swe-async +experiment=swe policy=colocate,prorsa seed=1,2 "${swe_async[@]}"
 sweep swe-async +experiment=swe policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=1,2 "${swe_async[@]}"
+sweep swe-async +experiment=swe policy=$BASELINES seed=1,2 "${swe_async[@]}"
 # Claim 2b, stage-specific parallelism: heavy_prefill's 6P2D split (TP4 prefill engines, above) with DP4+EP4
 # prefill engines instead.
 sweep stage_parallelism +experiment=heavy_prefill policy=fixed_pd policy.num_prefill=6 \
@@ -71,8 +79,8 @@ sweep ablations +experiment=heavy_prefill policy=prorsa policy.horizon_s=5,10,40
 sweep ablations +experiment=heavy_prefill policy=prorsa,colocate cluster.switch_time_s=1,30 \
   cluster.reshard_switch_time_s=10,120
 # Section 5: the mix that shifts during the run, with resharding and with vLLM's kv_both switch (moe_h200),
-# and with kv_both on the dense cluster; colocation, every split and Prorsa at three seeds, PEARL and the
-# ablations at seed 0.
+# and with kv_both on the dense cluster; colocation, every split, Prorsa and PEARL at three seeds, the
+# ablations (switching off, forecasting off, a colocated start) at seed 0.
 SHIFTS=(shift_reason_browse shift_reason_browse_kvboth shift_reason_browse_dense8)
 for exp in "${SHIFTS[@]}"; do
   sweep "$exp" +experiment=$exp policy=colocate,prorsa seed=0,1,2
@@ -80,6 +88,8 @@ for exp in "${SHIFTS[@]}"; do
   sweep "$exp" +experiment=$exp policy=pearl
   sweep "$exp" +experiment=$exp policy=prorsa policy.switching=false
   sweep "$exp" +experiment=$exp policy=prorsa policy.forecast=false
+  sweep "$exp" +experiment=$exp policy=pearl seed=1,2
+  sweep "$exp" +experiment=$exp policy=prorsa policy.initial=colocated
 done
 timed "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-sync "$OUT"/swe-async \
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
@@ -91,18 +101,21 @@ timed "$PY" scripts/claims.py "$OUT" "$OUT/report/claims.md"
 # results/reference/whatif_accuracy.csv itself).
 if [ "${MAPS:-1}" = 1 ]; then timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"; fi
 timed "$PY" scripts/whatif_accuracy.py
-# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split and Prorsa at three seeds,
-# both ablations and PEARL at seed 0.
+# The same curriculum in sync RL (kv_both, moe_h200): colocation, every split, Prorsa and PEARL at three
+# seeds, the three ablations at seed 0.
 SYNC=shift_reason_browse_sync
 sweep $SYNC +experiment=$SYNC policy=colocate,prorsa seed=0,1,2
 sweep $SYNC +experiment=$SYNC policy=fixed_pd policy.num_prefill=1,2,3,4,5,6,7 seed=0,1,2
 sweep $SYNC +experiment=$SYNC policy=prorsa policy.switching=false
 sweep $SYNC +experiment=$SYNC policy=prorsa policy.forecast=false
 sweep $SYNC +experiment=$SYNC policy=pearl
+sweep $SYNC +experiment=$SYNC policy=pearl seed=1,2
+sweep $SYNC +experiment=$SYNC policy=prorsa policy.initial=colocated
 # SGLang's role switch (drain) on the MoE curriculum: Prorsa at three seeds and its ablations; the statics are the ones above.
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa seed=0,1,2
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.switching=false
 sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.forecast=false
+sweep shift_reason_browse_drain +experiment=shift_reason_browse cluster.switch_mechanism=drain policy=prorsa policy.initial=colocated
 # The kv_both curriculum with decode migration (cluster.migrate_decodes_on_switch=true): Prorsa at three
 # seeds; the statics are the ones above (a static allocation never switches, so it never migrates); and
 # with Prorsa's first turns placed by forecast decode work (policy.placement=forecast_work).

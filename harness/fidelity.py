@@ -168,6 +168,7 @@ def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | Non
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from harness.figure_style import save
     except ImportError:
         log.warning("matplotlib missing: no figure (run `python -m harness.fidelity --compare DIR` where it is)")
         return None
@@ -185,7 +186,7 @@ def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | Non
         ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path = out / "fidelity_turn_latency.png"
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
     return path
 
 

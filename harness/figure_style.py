@@ -102,3 +102,10 @@ def rc() -> dict:
             "grid.color": "0.9", "grid.linewidth": 0.5, "axes.spines.top": False, "axes.spines.right": False,
             "axes.edgecolor": "0.2", "axes.linewidth": 0.8, "xtick.bottom": True, "ytick.left": True,
             "hatch.linewidth": 0.6, "pdf.fonttype": 42, "ps.fonttype": 42, "savefig.dpi": 200}
+
+
+def save(fig, path, dpi: int | None = None) -> None:
+    """Write a figure; a PDF without its creation date, so a figure redrawn from the same data is the same
+    file (a regenerated result changes only where its data did)."""
+    metadata = {"CreationDate": None} if str(path).endswith(".pdf") else None
+    fig.savefig(path, dpi=dpi, metadata=metadata)   # dpi None: rc's savefig.dpi

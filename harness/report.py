@@ -52,7 +52,7 @@ import yaml
 
 from harness import cli, rundir
 from harness.critical_path import LIFECYCLE_COLUMNS, why_table
-from harness.figure_style import COLORS, LOOKS, PAGE_IN, ROLE_COLORS, policy_label, policy_look, policy_order, rc
+from harness.figure_style import COLORS, LOOKS, PAGE_IN, ROLE_COLORS, policy_label, policy_look, policy_order, rc, save
 from harness.wandb_logger import PROJECT
 
 SUMMARY_ROWS = [("policy", "{}"), ("workload", "{}"), ("mode", "{}"), ("cluster", "{}"),
@@ -696,7 +696,7 @@ class Figures:
         import matplotlib.pyplot as plt
         for ext in ("png", "pdf"):
             path = self.out / f"{_slug(name)}.{ext}"
-            _write(path, fig.savefig)
+            _write(path, lambda p: save(fig, p))
             self.written.append(path)
         plt.close(fig)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -256,7 +255,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    from harness.figure_style import COLUMN_IN, rc
+    from harness.figure_style import COLUMN_IN, rc, save
     with plt.rc_context(rc()):
         fig, ax = plt.subplots(figsize=(COLUMN_IN, COLUMN_IN))
         for (source, unit), g in df.groupby(["source", "unit"]):
@@ -273,7 +272,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         ax.legend(fontsize=5, loc="upper left")
         fig.tight_layout()
         for ext in ("png", "pdf"):
-            fig.savefig(path.with_suffix(f".{ext}"), dpi=200)
+            save(fig, path.with_suffix(f".{ext}"), dpi=200)
         plt.close(fig)
 
 

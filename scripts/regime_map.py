@@ -158,6 +158,7 @@ def figures(df, out: Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from harness.figure_style import save
     from matplotlib.colors import TwoSlopeNorm
 
     written = []
@@ -199,7 +200,7 @@ def figures(df, out: Path) -> list[Path]:
         fig.colorbar(image, ax=axes, shrink=0.8, label="best fixed / colocation")
         for ext in ("png", "pdf"):
             path = out / f"regime_map_{mode}.{ext}"
-            fig.savefig(path, dpi=150)
+            save(fig, path, dpi=150)
             written.append(path)
         plt.close(fig)
     return written

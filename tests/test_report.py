@@ -295,6 +295,7 @@ def test_every_figure_is_png_and_pdf_at_a_printable_width(six):
             assert image.size[0] / image.info["dpi"][0] <= MAX_WIDTH_IN, stem
         media_box = re.search(rb"/MediaBox \[\s*0 0 ([\d.]+)", (figures / f"{stem}.pdf").read_bytes())
         assert float(media_box[1]) / 72 <= MAX_WIDTH_IN, stem
+        assert b"/CreationDate" not in (figures / f"{stem}.pdf").read_bytes(), stem   # redrawn: the same file
     for name, fig in drawn.items():
         assert "search_exp" in fig["text"] and "n=2 seeds" in fig["text"], name    # experiment and seeds named
     bars = drawn["speedup_bars"]["axes"][0].containers

@@ -267,16 +267,16 @@ def test_no_allocation_ends_before_the_critical_path_floor():
 
 
 def test_mean_end_deadline_known_answers():
-    """Floors 10 and 20: the sum max(x, 10) + max(x, 20) is 30 up to x = 10, then x + 20, then 2x. A
-    budget of 35 is passed at x = 15, 50 at x = 25, 25 already (-inf). One more trajectory waiting to
-    start (its chain taken out of the budget) adds x: 30 + x passes 35 at x = 5."""
+    """Floors 10 and 20 (sum 30) of two running trajectories: the bound on their sum is max(30, 2x), so a
+    budget of 35 is passed at x = 17.5, 50 at x = 25, and 25 already (-inf). One more trajectory waiting to
+    start (its chain taken out of the budget) adds x: 30 + x passes 35 at x = 5 (2x + x = 45 at the
+    floors' x = 15, so there). None running: three waiting pass a budget of 9 at x = 3."""
     from harness.prorsa.whatif import mean_end_deadline
-    floors = np.array([10.0, 20.0])
-    assert mean_end_deadline(35.0, floors, 0) == pytest.approx(15.0)
-    assert mean_end_deadline(50.0, floors, 0) == pytest.approx(25.0)
-    assert mean_end_deadline(25.0, floors, 0) == -np.inf
-    assert mean_end_deadline(35.0, floors, 1) == pytest.approx(5.0)
-    assert mean_end_deadline(9.0, np.array([]), 3) == pytest.approx(3.0)   # no floors: each ends at x at least
+    assert mean_end_deadline(35.0, 30.0, 2, 0) == pytest.approx(17.5)
+    assert mean_end_deadline(50.0, 30.0, 2, 0) == pytest.approx(25.0)
+    assert mean_end_deadline(25.0, 30.0, 2, 0) == -np.inf
+    assert mean_end_deadline(35.0, 30.0, 2, 1) == pytest.approx(5.0)
+    assert mean_end_deadline(9.0, 0.0, 0, 3) == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize("tool_s", [5.0, 30.0])

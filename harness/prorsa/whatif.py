@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 
 import numpy as np
 
@@ -436,18 +437,15 @@ class StalenessGate:
         return self.started // self.per_step <= (self.completed + ended) // self.per_step + self.staleness
 
 
-def mean_end_deadline(budget: float, floors: np.ndarray, waiting: int) -> float:
-    """The instant x after which sum_i max(x, floors_i) + waiting * x exceeds `budget` (floors sorted):
-    past it the unfinished trajectories, each ending at max(x, its floor) or, if still waiting to start,
-    at x + its chain (whose sum is taken out of `budget`), end too late for the bound. -inf: already past."""
-    m = len(floors)
-    suffix = np.concatenate([np.cumsum(floors[::-1])[::-1], [0.0]])   # suffix[j]: the floors from the j-th on
-    at = (np.arange(1, m + 1) + waiting) * floors + suffix[1:]        # the sum at x = floors[j]
-    j = int(np.searchsorted(at, budget, side="right"))                # the first floor where it exceeds
-    slope = j + waiting   # below floors[j], j floors are under x
-    if slope == 0:
-        return -math.inf if suffix[0] > budget else math.inf
-    return float((budget - suffix[j]) / slope)
+def mean_end_deadline(budget: float, floor_sum: float, running: int, waiting: int) -> float:
+    """The instant x after which max(floor_sum, running * x) + waiting * x exceeds `budget`: past it the
+    `running` unfinished trajectories (each ending at max(x, its floor), whose sum is at least both)
+    and the `waiting` ones (each at x + its chain, the chains' sum taken out of `budget`) end too late
+    for the bound. Weaker than the exact sum of the maxima, which needs the floors sorted at every end
+    and start; this is O(1). -inf: already past."""
+    if running and floor_sum + waiting * floor_sum / running > budget:   # passed while the floors still hold
+        return (budget - floor_sum) / waiting if waiting else -math.inf
+    return budget / (running + waiting)
 
 
 @dataclass
@@ -489,6 +487,12 @@ class _Run:
         self.chain = {tid: ft.chain_s(self.decode_floor) - ft.ready_s for tid, ft in self.futures.items()}
         waiting = {ft.trajectory_id for ft in self.waiting_new}
         self.floors = {tid: ft.ready_s + self.chain[tid] for tid, ft in self.futures.items() if tid not in waiting}
+        self.floor_sum = math.fsum(self.floors.values())       # of the unfinished in flight
+        self.max_floor = max(self.floors.values(), default=0.0)   # of every one in flight so far (a last end's bound)
+        # the waiting ones start from the end of `waiting_new`: the chains' sum and max of its first k
+        chains = [self.chain[ft.trajectory_id] for ft in self.waiting_new]
+        self.waiting_sum = [0.0, *accumulate(chains)]
+        self.waiting_max = [0.0, *accumulate(chains, max)]
         self.backend.set_listener(self.on_event, self.route)
 
     @property
@@ -500,7 +504,9 @@ class _Run:
         while self.waiting_new and self.in_flight < self.max_in_flight and (
                 self.gate is None or self.gate.may_start(len(self.ends))):
             ft = self.waiting_new.pop()
-            self.floors[ft.trajectory_id] = self.backend.now() + self.chain[ft.trajectory_id]
+            floor = self.floors[ft.trajectory_id] = self.backend.now() + self.chain[ft.trajectory_id]
+            self.floor_sum += floor
+            self.max_floor = max(self.max_floor, floor)
             self.start(ft, 0.0)
             if self.gate is not None:
                 self.gate.started += 1
@@ -559,21 +565,20 @@ class _Run:
         left = self.scored - len(self.ends)
         if self.bound == math.inf or not left:
             return
-        floors = np.sort(np.fromiter(self.floors.values(), float, len(self.floors)))
-        waiting = [self.chain[ft.trajectory_id] for ft in self.waiting_new]
-        if self.on_mean_end:
-            self.deadline = mean_end_deadline(self.bound * self.scored - self.ends_total - sum(waiting), floors,
-                                              len(waiting))
-        elif len(floors) and floors[-1] > self.bound:
+        waiting = len(self.waiting_new)
+        if self.on_mean_end:   # the sums lose a hair to rounding: never cut on it
+            budget = self.bound * self.scored - self.ends_total - self.waiting_sum[waiting] * (1 - 1e-9)
+            self.deadline = mean_end_deadline(budget, self.floor_sum * (1 - 1e-9), len(self.floors), waiting)
+        elif self.max_floor > self.bound:   # one in flight (or ended since) ends after it
             self.deadline = -math.inf
         else:
-            self.deadline = self.bound - max(waiting, default=0.0)
+            self.deadline = self.bound - self.waiting_max[waiting]
 
     def ended(self, trajectory_id: int, t: float) -> None:
         """A scored trajectory ended at `t`."""
         self.ends.append(t)
         self.ends_total += t
-        del self.floors[trajectory_id]
+        self.floor_sum -= self.floors.pop(trajectory_id)
         if len(self.ends) in self.weight_updates:
             self.backend.update_weights()   # flushes the prefix caches if the cluster does
         self.start_waiting()

@@ -266,6 +266,67 @@ def test_no_allocation_ends_before_the_critical_path_floor():
             assert floor <= planner.whatif.run([], roles, roles, new, 64).completion_s
 
 
+def test_mean_end_deadline_known_answers():
+    """Floors 10 and 20 (sum 30) of two running trajectories: the bound on their sum is max(30, 2x), so a
+    budget of 35 is passed at x = 17.5, 50 at x = 25, and 25 already (-inf). One more trajectory waiting to
+    start (its chain taken out of the budget) adds x: 30 + x passes 35 at x = 5 (2x + x = 45 at the
+    floors' x = 15, so there). None running: three waiting pass a budget of 9 at x = 3."""
+    from harness.prorsa.whatif import mean_end_deadline
+    assert mean_end_deadline(35.0, 30.0, 2, 0) == pytest.approx(17.5)
+    assert mean_end_deadline(50.0, 30.0, 2, 0) == pytest.approx(25.0)
+    assert mean_end_deadline(25.0, 30.0, 2, 0) == -np.inf
+    assert mean_end_deadline(35.0, 30.0, 2, 1) == pytest.approx(5.0)
+    assert mean_end_deadline(9.0, 0.0, 0, 3) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("tool_s", [5.0, 30.0])
+def test_a_candidate_is_cut_only_when_sure_to_lose_and_sooner_with_the_floors(monkeypatch, tool_s):
+    """Mean-end what-ifs with a bound at the best candidate's score + 5%: a run cut (inf) scores above the
+    bound when run out, one not cut scores as run out; and a cut comes after fewer events than with the
+    old rule (every unfinished trajectory ending now at the soonest, i.e. every chain 0)."""
+    from harness.prorsa.whatif import FutureTrajectory
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    new = [replace(ft, turns=[replace(t, tool_latency_s=tool_s) for t in ft.turns[:-1]] + ft.turns[-1:])
+           for ft in sampler.new(["synthetic"], [1.0], 32, 0, np.random.default_rng(1))]
+
+    def run(split, bound=np.inf):
+        whatif, roles = WhatIf(cluster, 5, 4.0), roles_for(split, 4)
+        return whatif.run([], roles, roles, new, 16, bound=bound, on_mean_end=True), whatif.events
+    full = {split: run(split)[0].mean_end_s for split in (COLOCATED, 1, 2, 3)}
+    bound = min(full.values()) * 1.05
+    cut = []
+    for split, score in full.items():
+        outcome, events = run(split, bound)
+        if np.isinf(outcome.mean_end_s):
+            assert score > bound
+            cut.append((split, events))
+        else:
+            assert outcome.mean_end_s == score
+    monkeypatch.setattr(FutureTrajectory, "chain_s", lambda self, floor: self.ready_s)
+    for split, events in cut:
+        old, old_events = run(split, bound)
+        assert np.isinf(old.mean_end_s) and events < old_events
+    assert cut or tool_s == 30.0   # at 5-s tools colocation loses by 13%; at 30 s every allocation ties
+
+
+def test_a_last_end_run_stops_once_a_floor_passes_its_bound(monkeypatch):
+    """Scored by the last end with a bound below the longest chain (300-s tool calls): the run stops at
+    its start and scores inf; by the old rule it ran until the clock passed the bound."""
+    from harness.prorsa.whatif import FutureTrajectory
+    cluster = cluster_of(HEAVY)
+    sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
+    new = [replace(ft, turns=[replace(t, tool_latency_s=300.0) for t in ft.turns[:-1]] + ft.turns[-1:])
+           for ft in sampler.new(["synthetic"], [1.0], 16, 0, np.random.default_rng(1))]
+    whatif, roles = WhatIf(cluster, 5, 4.0), roles_for(2, 4)
+    bound = critical_path_floor(new, whatif.decode_floor_s) / 2
+    assert np.isinf(whatif.run([], roles, roles, new, 64, bound=bound).completion_s)
+    monkeypatch.setattr(FutureTrajectory, "chain_s", lambda self, floor: self.ready_s)
+    old = WhatIf(cluster, 5, 4.0)
+    assert np.isinf(old.run([], roles, roles, new, 64, bound=bound).completion_s)
+    assert whatif.events < old.events / 2
+
+
 def test_a_settled_choice_stays_closed_while_the_floor_keeps_it():
     """Staying ends at 100 s, the floor is 98 s (a 98-s tool call), hysteresis 5%: settled, and the choice
     stays closed while 98 - t >= 0.95 (100 - t), i.e. for (98 - 95) / 0.05 = 60 s. A floor of 94 s is

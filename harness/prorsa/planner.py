@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
-from harness.cluster import ClusterConfig, cost_model
+from harness.cluster import ClusterConfig
 from harness.stats import intraclass_correlation, t975
 from harness.prorsa.estimate import product_limit
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker
-from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf
+from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf, decode_floor_s
 from harness.prorsa.workers import PlanWorkers
 
 PRIOR_POINTS = 199
@@ -431,18 +431,6 @@ def decode_left(futures: list[FutureTrajectory]) -> dict[int, float]:
         if ft.in_progress and ft.route is not None and ft.turns:
             left[ft.route.decode_engine] = left.get(ft.route.decode_engine, 0.0) + ft.turns[0].output_tokens
     return left
-
-
-def decode_floor_s(cluster: ClusterConfig) -> float:
-    """The shortest decode step any engine of `cluster` takes: one sequence, no context, on the
-    fastest of the parallelisms an engine may be launched with (step times grow with batch and context)."""
-    floor = np.inf
-    for role in (Role.COLOCATED, Role.PREFILL, Role.DECODE):
-        model = cost_model(cluster, role)
-        seqs = np.zeros(model.par.dp, dtype=int)
-        seqs[0] = 1
-        floor = min(floor, float(model.decode_step_times(seqs, np.zeros(model.par.dp), 1)[0]))
-    return floor
 
 
 def critical_path_floor(futures: list[FutureTrajectory], decode_floor: float) -> float:

@@ -26,11 +26,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import accumulate
 
 import numpy as np
 
 from harness.api import EventKind, ExampleTrajectory, LifecycleEvent, Role, Route, TurnRequest
-from harness.cluster import ClusterConfig
+from harness.cluster import ClusterConfig, cost_model
 from harness.prorsa.tracker import LifecycleTracker, Phase, TrajectoryState
 from harness.prorsa.placement import DecodeWork, route_placing
 from harness.routing import Balance, PrefixTracker
@@ -436,6 +437,17 @@ class StalenessGate:
         return self.started // self.per_step <= (self.completed + ended) // self.per_step + self.staleness
 
 
+def mean_end_deadline(budget: float, floor_sum: float, running: int, waiting: int) -> float:
+    """The instant x after which max(floor_sum, running * x) + waiting * x exceeds `budget`: past it the
+    `running` unfinished trajectories (each ending at max(x, its floor), whose sum is at least both)
+    and the `waiting` ones (each at x + its chain, the chains' sum taken out of `budget`) end too late
+    for the bound. Weaker than the exact sum of the maxima, which needs the floors sorted at every end
+    and start; this is O(1). -inf: already past."""
+    if running and floor_sum + waiting * floor_sum / running > budget:   # passed while the floors still hold
+        return (budget - floor_sum) / waiting if waiting else -math.inf
+    return budget / (running + waiting)
+
+
 @dataclass
 class _Run:
     """The bookkeeping of one what-if simulation (a small agent loop over the simulator)."""
@@ -465,10 +477,22 @@ class _Run:
     next_step: set[int] = field(default_factory=set)           # its trajectory ids, once started
     after_switch: bool = False          # sync step start: the batch waits for the switches (WhatIf.run)
     gate: StalenessGate | None = None   # async: new trajectories wait for their batch's turn
+    decode_floor: float = 0.0           # no sequence decodes a token faster (WhatIf.decode_floor_s)
 
     def __post_init__(self):
         self.prefill = np.zeros(self.bins)
         self.scored = len(self.futures)     # the trajectories the score is made of
+        # the soonest each scored trajectory can end (FutureTrajectory.chain_s): in flight, when; waiting
+        # to start, how long after its start
+        self.chain = {tid: ft.chain_s(self.decode_floor) - ft.ready_s for tid, ft in self.futures.items()}
+        waiting = {ft.trajectory_id for ft in self.waiting_new}
+        self.floors = {tid: ft.ready_s + self.chain[tid] for tid, ft in self.futures.items() if tid not in waiting}
+        self.floor_sum = math.fsum(self.floors.values())       # of the unfinished in flight
+        self.max_floor = max(self.floors.values(), default=0.0)   # of every one in flight so far (a last end's bound)
+        # the waiting ones start from the end of `waiting_new`: the chains' sum and max of its first k
+        chains = [self.chain[ft.trajectory_id] for ft in self.waiting_new]
+        self.waiting_sum = [0.0, *accumulate(chains)]
+        self.waiting_max = [0.0, *accumulate(chains, max)]
         self.backend.set_listener(self.on_event, self.route)
 
     @property
@@ -479,7 +503,11 @@ class _Run:
         """Start the new trajectories waiting, as many as the in-flight limit and the staleness let."""
         while self.waiting_new and self.in_flight < self.max_in_flight and (
                 self.gate is None or self.gate.may_start(len(self.ends))):
-            self.start(self.waiting_new.pop(), 0.0)
+            ft = self.waiting_new.pop()
+            floor = self.floors[ft.trajectory_id] = self.backend.now() + self.chain[ft.trajectory_id]
+            self.floor_sum += floor
+            self.max_floor = max(self.max_floor, floor)
+            self.start(ft, 0.0)
             if self.gate is not None:
                 self.gate.started += 1
 
@@ -528,21 +556,33 @@ class _Run:
             self.backend.submit(req, r)
 
     def on_end(self) -> None:
-        """Move the deadline: the last end exceeds the bound once the clock passes it with work left;
-        the mean end once even every unfinished trajectory ending right now would leave it above."""
+        """Move the deadline, past which the run's score is sure to exceed its bound, after every end and
+        start: no trajectory ends before its chain of tool calls and decode steps (`floors`; one waiting
+        to start, before now + its chain), so the last end exceeds the bound once a floor does, and the
+        mean end once the ends so far plus every unfinished trajectory ending at max(now, its floor)
+        would. Without the floors (each ending right now) a candidate that cannot win ran on until most
+        of its trajectories had ended: 7x staying's events in an async plan of swe."""
         left = self.scored - len(self.ends)
         if self.bound == math.inf or not left:
             return
-        self.deadline = (self.bound * self.scored - self.ends_total) / left if self.on_mean_end else self.bound
+        waiting = len(self.waiting_new)
+        if self.on_mean_end:   # the sums lose a hair to rounding: never cut on it
+            budget = self.bound * self.scored - self.ends_total - self.waiting_sum[waiting] * (1 - 1e-9)
+            self.deadline = mean_end_deadline(budget, self.floor_sum * (1 - 1e-9), len(self.floors), waiting)
+        elif self.max_floor > self.bound:   # one in flight (or ended since) ends after it
+            self.deadline = -math.inf
+        else:
+            self.deadline = self.bound - self.waiting_max[waiting]
 
-    def ended(self, t: float) -> None:
+    def ended(self, trajectory_id: int, t: float) -> None:
         """A scored trajectory ended at `t`."""
         self.ends.append(t)
         self.ends_total += t
+        self.floor_sum -= self.floors.pop(trajectory_id)
         if len(self.ends) in self.weight_updates:
             self.backend.update_weights()   # flushes the prefix caches if the cluster does
-        self.on_end()
         self.start_waiting()
+        self.on_end()
         if len(self.ends) == self.scored and self.then is not None and t < self.horizon_s:
             self.start_next_step()
 
@@ -577,13 +617,14 @@ class _Run:
                     self.work.drop(e.trajectory_id)
                 self.in_flight -= 1
                 if scored:
-                    self.ended(e.t)
+                    self.ended(e.trajectory_id, e.t)
         elif e.kind == K.ROLE_SWITCH_END and (self.parked or self.after_switch) and not self.backend.view().switching():
             # as the driver does (harness/rollout.py): parked turns and a sync step's batch wait for the
             # whole transition, or they all pile onto the first engine back and stay there (sticky KV)
             if self.after_switch:
                 self.after_switch = False
                 self.start_waiting()
+                self.on_end()
             parked, self.parked = self.parked, []
             for req in parked:
                 self.route(req)
@@ -618,6 +659,18 @@ def _switch(backend: SimBackend, roles_now: list[Role], roles: list[Role]) -> No
             backend.switch_role(i, b)
 
 
+def decode_floor_s(cluster: ClusterConfig) -> float:
+    """The shortest decode step any engine of `cluster` takes: one sequence, no context, on the
+    fastest of the parallelisms an engine may be launched with (step times grow with batch and context)."""
+    floor = np.inf
+    for role in (Role.COLOCATED, Role.PREFILL, Role.DECODE):
+        model = cost_model(cluster, role)
+        seqs = np.zeros(model.par.dp, dtype=int)
+        seqs[0] = 1
+        floor = min(floor, float(model.decode_step_times(seqs, np.zeros(model.par.dp), 1)[0]))
+    return floor
+
+
 class WhatIf:
     """Runs the simulator forward from the present under a candidate allocation."""
 
@@ -636,6 +689,7 @@ class WhatIf:
         self.started = 0          # ... and started
         self.placement: DecodeWork | None = None   # the policy's decode placement by forecast work, if any
         self.events = 0           # simulator events of every what-if run so far (a plan's cost)
+        self.decode_floor_s = decode_floor_s(cluster)   # no trajectory decodes a token faster (chain_s)
 
     def _weight_updates(self, count: int) -> frozenset:
         """The what-if's end counts (of `count` trajectories) at which the weights are updated."""
@@ -671,7 +725,7 @@ class WhatIf:
                    weight_updates=self._weight_updates(len(futures) + len(new)),
                    work=self.placement.copy() if self.placement is not None else None, then=then,
                    gate=StalenessGate(self.update_every, self.staleness, self.started, self.completed)
-                   if self.staleness is not None and self.update_every else None)
+                   if self.staleness is not None and self.update_every else None, decode_floor=self.decode_floor_s)
         for ft in futures:   # where each trajectory's KV lives, as the real router knows it
             if ft.decode_engine is not None:
                 run.prefix.decode_engine[ft.trajectory_id] = ft.decode_engine

@@ -46,9 +46,12 @@ def wall(g: pd.DataFrame) -> str:
     return m(g.wall_time_s / g.colocate_wall_time_s, 0)
 
 
+ABLATED = ("False", "forecast_work", "initial=colocated")   # a report label's marks of a Prorsa variant
+
+
 def full_prorsa(policy: str) -> bool:
     """Prorsa as configured by default in a report's column name (no ablation, no other placement)."""
-    return policy.startswith("prorsa") and "False" not in policy and "forecast_work" not in policy
+    return policy.startswith("prorsa") and not any(mark in policy for mark in ABLATED)
 
 
 def curriculum(row) -> str:
@@ -138,16 +141,30 @@ def prorsa_reference() -> str:
             return "-" if pd.isna(v) else f"{v:.2f} ({int(s[f'seeds[{policy}]'])})"
         rows.append([name, mode, cluster, len(g), ", ".join(g.sort_values("seed").best_static),
                      m(g.vs_colocate), m(g.vs_best_static, 3), f"{g.num_role_switches.mean():.1f}", wall(g),
-                     base("oracle_pd"), base("reactive_pd"), base("ppd")])
+                     base("oracle_pd"), base("pearl"), base("reactive_pd"), base("ppd")])
     rows.sort(key=lambda r: (r[0], r[1]))
     return md_table(pd.DataFrame(rows, columns=[
         "experiment", "mode", "cluster", "seeds", "best static per seed", "Prorsa / colocation",
         "Prorsa / best static", "switches", "wall time / colocation's (x)", "oracle_pd / colocation (seeds)",
-        "reactive_pd (seeds)", "ppd (seeds)"]))
+        "pearl (seeds)", "reactive_pd (seeds)", "ppd (seeds)"]))
+
+
+def gain_from(full: float, no_switching: float, colocated_start: float) -> str:
+    """Which component a curriculum's gain over colocation comes from, at one seed: what is lost without
+    it. The start plan's loss is full - colocated start, switching's is full - no switching; one of them
+    is the source when its loss is at least twice the other's."""
+    start, switching = full - colocated_start, full - no_switching
+    if max(start, switching) < 0.01:
+        return "neither (no gain to lose)"
+    if start >= 2 * switching:
+        return "the start"
+    if switching >= 2 * start:
+        return "switching"
+    return "both"
 
 
 def shift() -> str:
-    """Section 5: per curriculum, Prorsa, its ablations and PEARL."""
+    """Section 5: per curriculum, Prorsa, its ablations (seed 0) and PEARL."""
     df = shift_rows()
     speed = read(REFERENCE / "shift.csv")
     rows = []
@@ -156,17 +173,25 @@ def shift() -> str:
         if full.empty:
             continue
 
-        def variant(flag: str) -> str:
-            v = g[g.policy.str.contains(flag, regex=False)]
-            return "-" if v.empty else m(v.vs_colocate)
-        pearl = same_row(speed, full.iloc[0]).get("speedup[pearl]", pd.Series(dtype=float)).dropna()
-        placed = g[g.policy.str.contains("forecast_work", regex=False)]
+        def variant(flag: str) -> pd.Series:
+            return g[g.policy.str.contains(flag, regex=False)].vs_colocate
+
+        def shown(v: pd.Series) -> str:
+            return "-" if v.empty else m(v)
+        s = same_row(speed, full.iloc[0]).iloc[0]
+        pearl = "-" if pd.isna(s.get("speedup[pearl]")) else f"{s['speedup[pearl]']:.2f} ({int(s['seeds[pearl]'])})"
+        no_switching, no_forecast, colocated = (variant(f) for f in ("switching=False", "forecast=False",
+                                                                     "initial=colocated"))
+        seed0 = full[full.seed == 0].vs_colocate
+        source = "-" if no_switching.empty or colocated.empty or seed0.empty else \
+            gain_from(seed0.iloc[0], no_switching.iloc[0], colocated.iloc[0])
         rows.append([name, len(full), m(full.vs_colocate), m(full.vs_best_static, 3),
-                     f"{full.num_role_switches.mean():.1f}", wall(full), variant("switching=False"), variant("forecast=False"),
-                     "-" if placed.empty else m(placed.vs_colocate), "-" if pearl.empty else f"{pearl.iloc[0]:.2f}"])
+                     f"{full.num_role_switches.mean():.1f}", wall(full), shown(no_switching), shown(no_forecast),
+                     shown(colocated), source, shown(variant("forecast_work")), pearl])
     return md_table(pd.DataFrame(rows, columns=[
         "curriculum", "seeds", "Prorsa / colocation", "Prorsa / best static", "switches",
-        "wall time / colocation's (x)", "no switching", "no forecast", "placement by forecast work", "PEARL (seed 0)"]))
+        "wall time / colocation's (x)", "no switching", "no forecast", "colocated start", "gain from (seed 0)",
+        "placement by forecast work", "PEARL / colocation (seeds)"]))
 
 
 def defaults() -> set[str]:

@@ -37,3 +37,15 @@ def test_an_unknown_or_unclosed_block_is_refused_with_its_line(tmp_path):
     done = claims("--render", str(doc))
     assert done.returncode != 0 and "REPRODUCE.md:2: a rendered block without its end" in done.stderr
     assert doc.read_text() == "# title\n<!-- rendered: thinning -->\nno end\n"   # nothing written
+
+
+def test_gain_from_names_the_component_whose_removal_loses_twice_the_other():
+    """Prorsa 1.12x, no switching 1.00x, colocated start 1.12x: switching alone loses (0.12 against 0);
+    1.32 / 1.31 / 1.05: the start (0.27 against 0.01); 1.43 / 1.31 / 1.23: both (0.20 against 0.12, not
+    twice); no gain anywhere: neither."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from reproduce_tables import gain_from
+    assert gain_from(1.12, 1.00, 1.12) == "switching"
+    assert gain_from(1.32, 1.31, 1.05) == "the start"
+    assert gain_from(1.43, 1.31, 1.23) == "both"
+    assert gain_from(1.00, 1.00, 1.00) == "neither (no gain to lose)"

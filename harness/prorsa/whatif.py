@@ -561,7 +561,7 @@ class _Run:
         to start, before now + its chain), so the last end exceeds the bound once a floor does, and the
         mean end once the ends so far plus every unfinished trajectory ending at max(now, its floor)
         would. Without the floors (each ending right now) a candidate that cannot win ran on until most
-        of its trajectories had ended: 7x staying's events in an async plan of swe."""
+        of its trajectories had ended (results/reference/plan_cost.md)."""
         left = self.scored - len(self.ends)
         if self.bound == math.inf or not left:
             return

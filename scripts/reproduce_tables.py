@@ -63,6 +63,12 @@ def curriculum(row) -> str:
     return row.experiment + (" (drain)" if "switch_mechanism=drain" in setting else "")
 
 
+def baseline(s: pd.Series, policy: str) -> str:
+    """A baseline's mean speedup over colocation in a report row (speedup.csv, shift.csv), with its seeds."""
+    v = s.get(f"speedup[{policy}]")
+    return "-" if pd.isna(v) else f"{v:.2f} ({int(s[f'seeds[{policy}]'])})"
+
+
 def same_row(df: pd.DataFrame, row) -> pd.DataFrame:
     """The rows of a report table (speedup.csv, shift.csv) with `row`'s workload, mode, cluster and setting."""
     setting = df.setting.isna() if pd.isna(row["setting"]) else df.setting == row["setting"]
@@ -135,13 +141,9 @@ def prorsa_reference() -> str:
     rows = []
     for (name, mode, cluster), g in ref.groupby(["experiment", "mode", "cluster"], sort=False):
         s = same_row(speed, g.iloc[0]).iloc[0]
-
-        def base(policy: str) -> str:
-            v = s.get(f"speedup[{policy}]")
-            return "-" if pd.isna(v) else f"{v:.2f} ({int(s[f'seeds[{policy}]'])})"
         rows.append([name, mode, cluster, len(g), ", ".join(g.sort_values("seed").best_static),
                      m(g.vs_colocate), m(g.vs_best_static, 3), f"{g.num_role_switches.mean():.1f}", wall(g),
-                     base("oracle_pd"), base("pearl"), base("reactive_pd"), base("ppd")])
+                     *(baseline(s, p) for p in ("oracle_pd", "pearl", "reactive_pd", "ppd"))])
     rows.sort(key=lambda r: (r[0], r[1]))
     return md_table(pd.DataFrame(rows, columns=[
         "experiment", "mode", "cluster", "seeds", "best static per seed", "Prorsa / colocation",
@@ -179,7 +181,6 @@ def shift() -> str:
         def shown(v: pd.Series) -> str:
             return "-" if v.empty else m(v)
         s = same_row(speed, full.iloc[0]).iloc[0]
-        pearl = "-" if pd.isna(s.get("speedup[pearl]")) else f"{s['speedup[pearl]']:.2f} ({int(s['seeds[pearl]'])})"
         no_switching, no_forecast, colocated = (variant(f) for f in ("switching=False", "forecast=False",
                                                                      "initial=colocated"))
         seed0 = full[full.seed == 0].vs_colocate
@@ -187,7 +188,7 @@ def shift() -> str:
             gain_from(seed0.iloc[0], no_switching.iloc[0], colocated.iloc[0])
         rows.append([name, len(full), m(full.vs_colocate), m(full.vs_best_static, 3),
                      f"{full.num_role_switches.mean():.1f}", wall(full), shown(no_switching), shown(no_forecast),
-                     shown(colocated), source, shown(variant("forecast_work")), pearl])
+                     shown(colocated), source, shown(variant("forecast_work")), baseline(s, "pearl")])
     return md_table(pd.DataFrame(rows, columns=[
         "curriculum", "seeds", "Prorsa / colocation", "Prorsa / best static", "switches",
         "wall time / colocation's (x)", "no switching", "no forecast", "colocated start", "gain from (seed 0)",

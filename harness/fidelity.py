@@ -12,7 +12,9 @@ files, then compares them:
     .venv-engines/bin/python -m harness.fidelity --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
 
 With --calibrate it profiles the engines first, alone and contended, and the simulator models the two
-servers sharing this host (cluster.contended_profile; docs/calibration.md, section 4). Both sides run
+servers sharing this host (cluster.contended_profile) and the way of each leg to its engine
+(cluster.host_path; docs/calibration.md, section 4). With --repeats N each policy runs N times on the
+real backend, and the simulated run is judged against their mean and spread (fidelity_repeats.json). Both sides run
 with the calibrated model in the cluster, so a policy that plans plans by the same model in each.
 
 Errors are signed relative errors (sim - real) / real of: rollout time; per-turn latency p50/p90/p99
@@ -325,6 +327,7 @@ EXAMPLES = """examples:
       +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
   %(prog)s --compare results/fidelity/cpu          the errors and figure again, from the files
   %(prog)s --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
+  %(prog)s --calibrate full --repeats 3 --out DIR +experiment=vllm_cpu_fidelity   against three real runs each
 
 With --calibrate it first profiles the engines on this machine, alone and while the other one works
 (harness.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and the simulator

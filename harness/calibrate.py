@@ -26,8 +26,9 @@ What is measured (every request is a unique random prompt of token ids, `ignore_
   it: transfer time = server 1's TTFT - the fitted prefill time of what it computed itself.
 The second server is idle during everything but the KV transfer: contention between servers on shared
 cores is measured separately (`contention` rows: decode steps on server 0 while server 1 decodes too).
-- host_path: the way from the client to a step of server 0 under load (`profile_host_path`), measured,
-  not modelled: what the host adds to a leg when servers and harness share its cores.
+- host_path: the way from the client to a step of server 0 under load (`profile_host_path`): what the
+  host adds to a leg when servers and harness share its cores, beyond the steps (`fit_host_path`; the
+  simulator draws a leg's delay from it with `cluster.host_path=true`).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ import numpy as np
 from harness import cli
 from harness.perf.catalogue import GPUSpec, ModelSpec
 from harness.perf.cost_model import prefill_attn_ctx
-from harness.perf.profiled import fit_profile, read_profile
+from harness.perf.profiled import HOST_LOADS, fit_profile, read_profile
 from harness.perf.roofline import Parallelism, PerfConstants, RankBatch, RooflineCostModel
 from harness.rundir import check_writable
 from harness.stats import nnls
@@ -453,8 +454,9 @@ async def profile_contention(c: EngineClient, g: Grid, log) -> list[dict]:
     return rows
 
 
-# Loads of the host-path probes: which servers run `Grid.host_streams` streamed decodes meanwhile.
-HOST_LOADS = (("idle", ()), ("other server", (1,)), ("own server", (0,)), ("both servers", (0, 1)))
+# Loads of the host-path probes (named as the simulator reads them): which servers run
+# `Grid.host_streams` streamed decodes meanwhile.
+HOST_LOAD_SERVERS = tuple(zip(HOST_LOADS, ((), (1,), (0,), (0, 1))))
 HOST_WARMUP_S = 3.0     # the streams' first prefills are done before the probes
 HOST_PROBE_GAP_S = 0.3  # between probes, so that they do not queue behind each other
 
@@ -464,9 +466,9 @@ async def profile_host_path(c: EngineClient, g: Grid, log) -> list[dict]:
     client's time minus the server's queue + time to first token. That gap is HTTP, the API server and
     the engine core's input, and the wait for the step under way (vLLM stamps a request QUEUED when its
     engine core adds it, between two steps), about half the streams' inter-token time, also reported.
-    Not read by the simulator, which models the wait but not the rest (docs/calibration.md, section 4)."""
+    Each probe's gap is kept (`gaps_s`): `fit_host_path` turns them into what the simulator adds."""
     rows = []
-    for name, servers in HOST_LOADS:
+    for name, servers in HOST_LOAD_SERVERS:
         stop = asyncio.Event()
         itls: list[float] = []
 
@@ -484,12 +486,26 @@ async def profile_host_path(c: EngineClient, g: Grid, log) -> list[dict]:
         await asyncio.gather(*load)
         gaps = [r["api_s"] for r in probes]
         rows.append({"load": name, "streams": g.host_streams * len(servers), "probes": len(probes),
-                     "gap_p50_s": statistics.median(gaps), "gap_mean_s": statistics.mean(gaps),
+                     "gap_p50_s": statistics.median(gaps), "gap_mean_s": statistics.mean(gaps), "gaps_s": gaps,
                      "ttft_p50_s": statistics.median(r["ttft_s"] for r in probes),
                      "stream_itl_p50_s": statistics.median(itls) if itls else None})
         log(f"host path, {name}: client - server p50 {rows[-1]['gap_p50_s'] * 1e3:.1f} ms, "
             f"mean {rows[-1]['gap_mean_s'] * 1e3:.1f} ms")
     return rows
+
+
+def fit_host_path(rows: list[dict], api_overhead_s: float) -> dict[str, list[float]] | None:
+    """What the host adds to a leg, by load: each probe's gap less what the simulator already charges,
+    the API server's idle per-request time (folded into every prefill: `profile_steps`) and, where
+    server 0 decodes, the wait for its step under way (half an inter-token time: the simulator queues a
+    leg behind the step it runs). None where the probes kept no gaps (profiles before `gaps_s`)."""
+    if not rows or any("gaps_s" not in r for r in rows):
+        return None
+    fit = {}
+    for r in rows:
+        wait = r["stream_itl_p50_s"] / 2 if 0 in dict(HOST_LOAD_SERVERS)[r["load"]] else 0.0
+        fit[r["load"]] = [max(g - api_overhead_s - wait, 0.0) for g in r["gaps_s"]]
+    return fit
 
 
 async def profile_kv(c: EngineClient, g: Grid, k: dict, log) -> list[dict]:
@@ -649,6 +665,9 @@ def finish_profile(p: dict, cluster, out: str, meta: dict) -> None:
     par = cluster.parallelism[Role.COLOCATED]
     rf = fit_roofline(measurements_from_profile(p), cluster.model, cluster.gpu, par, cluster.perf)
     kv = fit_kv_transfer(p["kv_transfer"], cluster.model.kv_bytes_per_token, cluster.gpu.nic_bw)
+    host = fit_host_path(p.get("host_path", []), p["api_overhead_s"])
+    if host is not None:
+        p["host_path_fit"] = host
     p.update({
         "version": PROFILE_VERSION,
         "meta": meta,
@@ -659,7 +678,8 @@ def finish_profile(p: dict, cluster, out: str, meta: dict) -> None:
         # What a simulator run needs to use this calibration (harness.fidelity passes these on).
         "cluster_overrides": {"cluster.cost_model": "profiled", "cluster.profile": str(out),
                               **({"cluster.kv_transfer_setup_s": kv["kv_transfer_setup_s"]} if kv else {}),
-                              **({"++cluster.perf.nic_efficiency": kv["nic_efficiency"]} if "nic_efficiency" in kv else {})},
+                              **({"++cluster.perf.nic_efficiency": kv["nic_efficiency"]} if "nic_efficiency" in kv else {}),
+                              **({"++cluster.host_path": True} if host is not None else {})},
     })
 
 

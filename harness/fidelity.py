@@ -12,7 +12,9 @@ files, then compares them:
     .venv-engines/bin/python -m harness.fidelity --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
 
 With --calibrate it profiles the engines first, alone and contended, and the simulator models the two
-servers sharing this host (cluster.contended_profile; docs/calibration.md, section 4). Both sides run
+servers sharing this host (cluster.contended_profile) and the way of each leg to its engine
+(cluster.host_path; docs/calibration.md, section 4). With --repeats N each policy runs N times on the
+real backend, and the simulated run is judged against their mean and spread (fidelity_repeats.json). Both sides run
 with the calibrated model in the cluster, so a policy that plans plans by the same model in each.
 
 Errors are signed relative errors (sim - real) / real of: rollout time; per-turn latency p50/p90/p99
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,41 @@ class FidelityErrors:
     # (vllm/v1/core/sched/scheduler.py add_request), and the server's time starts there.
     host_gap_p50_real_s: float = float("nan")
     legs_per_turn_real: float = float("nan")
+    repeat: int = 0                 # which real run of the policy (`--repeats`: real, real1, real2, ...)
+
+
+# The fidelity target against repeated real runs (issue 52): |sim - real mean| / real mean within the
+# larger of these and the repeats' own spread, (max - min) / mean.
+ROLLOUT_TOLERANCE, P50_TOLERANCE = 0.05, 0.10
+
+
+@dataclass(frozen=True)
+class RepeatSummary:
+    """One policy's simulated run against the mean of its repeated real runs."""
+    policy: str
+    repeats: int
+    rollout_real_mean_s: float
+    rollout_real_spread: float      # (max - min) / mean over the real runs
+    rollout_sim_s: float
+    rollout_err: float              # (sim - real mean) / real mean
+    p50_real_mean_s: float
+    p50_real_spread: float
+    p50_sim_s: float
+    p50_err: float
+    rollout_within: bool            # |rollout_err| <= max(ROLLOUT_TOLERANCE, rollout_real_spread)
+    p50_within: bool
+
+
+def summarize_repeats(errs: list[FidelityErrors]) -> RepeatSummary:
+    """`errs`: one policy's comparisons, one per real run (the simulated run is the same in each)."""
+    def stats(real: list[float], sim: float) -> tuple[float, float, float]:
+        mean = float(np.mean(real))
+        return mean, (max(real) - min(real)) / mean, _rel(sim, mean)
+    t_mean, t_spread, t_err = stats([e.rollout_time_real_s for e in errs], errs[0].rollout_time_sim_s)
+    p_mean, p_spread, p_err = stats([e.p50_real_s for e in errs], errs[0].p50_sim_s)
+    return RepeatSummary(errs[0].policy, len(errs), t_mean, t_spread, errs[0].rollout_time_sim_s, t_err,
+                         p_mean, p_spread, errs[0].p50_sim_s, p_err,
+                         abs(t_err) <= max(ROLLOUT_TOLERANCE, t_spread), abs(p_err) <= max(P50_TOLERANCE, p_spread))
 
 
 def _rel(sim: float, real: float) -> float:
@@ -155,11 +192,25 @@ def phase_errors(real: pd.DataFrame, sim: pd.DataFrame) -> dict[str, float]:
             "prefill_p50_sim_s": med(sim, "t_prefill_start", "t_prefill_end")}
 
 
-def compare_dirs(policy: str, real_dir: Path, sim_dir: Path) -> FidelityErrors:
+def compare_dirs(policy: str, real_dir: Path, sim_dir: Path, repeat: int = 0) -> FidelityErrors:
     real, sim = (json.loads((d / "summary.json").read_text()) for d in (real_dir, sim_dir))
-    return compare(policy, pd.read_parquet(real_dir / "lifecycle.parquet"), pd.read_parquet(sim_dir / "lifecycle.parquet"),
-                   pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"),
-                   real["rollout_time_s"], sim["rollout_time_s"], real.get("harness_overhead"))
+    e = compare(policy, pd.read_parquet(real_dir / "lifecycle.parquet"), pd.read_parquet(sim_dir / "lifecycle.parquet"),
+                pd.read_parquet(real_dir / "engines.parquet"), pd.read_parquet(sim_dir / "engines.parquet"),
+                real["rollout_time_s"], sim["rollout_time_s"], real.get("harness_overhead"))
+    return replace(e, repeat=repeat)
+
+
+def real_dir(policy_dir: Path, repeat: int) -> Path:
+    """Where repeat `repeat` of a policy's real run is: real, real1, real2, ..."""
+    return policy_dir / ("real" if repeat == 0 else f"real{repeat}")
+
+
+def real_repeats(policy_dir: Path) -> int:
+    """How many real runs of the policy are complete, counted from the first."""
+    n = 0
+    while (real_dir(policy_dir, n) / "summary.json").exists():
+        n += 1
+    return n
 
 
 def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | None:
@@ -192,8 +243,8 @@ def plot(out: Path, policies: list[str], real: Path | None = None) -> Path | Non
 
 def report(out: Path, policies: list[str], real_from: Path | None = None) -> list[FidelityErrors]:
     real = real_from or out
-    errs = [compare_dirs(p, real / p / "real", out / p / "sim") for p in policies
-            if (real / p / "real" / "summary.json").exists() and (out / p / "sim" / "summary.json").exists()]
+    errs = [compare_dirs(p, real_dir(real / p, r), out / p / "sim", r) for p in policies
+            if (out / p / "sim" / "summary.json").exists() for r in range(real_repeats(real / p))]
     (out / "fidelity.json").write_text(json.dumps([asdict(e) for e in errs], indent=1) + "\n")
     log.info(f"{'policy':10s} {'T_real':>8s} {'T_sim':>8s} {'T err':>7s} {'p50 err':>8s} {'p90 err':>8s} "
           f"{'p99 err':>8s} {'turn |e|':>8s} {'roles':>6s} {'sw r/s':>7s} {'ttft e':>7s} {'dec e':>7s} {'pf tok':>7s} "
@@ -206,7 +257,19 @@ def report(out: Path, policies: list[str], real_from: Path | None = None) -> lis
               f"{1000 * e.queue_p50_real_s:6.0f}/{1000 * e.queue_p50_sim_s:<6.0f} "
               f"{1000 * e.prefill_p50_real_s:7.0f}/{1000 * e.prefill_p50_sim_s:<7.0f} {1000 * e.host_gap_p50_real_s:7.0f} "
               f"{e.legs_per_turn_real:5.2f}")
-    plot(out, [e.policy for e in errs], real)
+    summaries = [summarize_repeats([e for e in errs if e.policy == p]) for p in policies
+                 if sum(e.policy == p for e in errs) > 1]
+    if summaries:
+        (out / "fidelity_repeats.json").write_text(json.dumps([asdict(s) for s in summaries], indent=1) + "\n")
+        log.info("against the mean of the real repeats (target: within max(%.0f%%, spread) for rollout time, "
+                 "max(%.0f%%, spread) for p50 turn latency)", 100 * ROLLOUT_TOLERANCE, 100 * P50_TOLERANCE)
+        for s in summaries:
+            log.info(f"{s.policy:10s} repeats {s.repeats}: rollout {s.rollout_real_mean_s:.2f} s real (spread "
+                     f"{s.rollout_real_spread:.1%}), {s.rollout_sim_s:.2f} s sim, {s.rollout_err:+.1%} "
+                     f"{'ok' if s.rollout_within else 'MISS'}; p50 {s.p50_real_mean_s:.3f} s real (spread "
+                     f"{s.p50_real_spread:.1%}), {s.p50_sim_s:.3f} s sim, {s.p50_err:+.1%} "
+                     f"{'ok' if s.p50_within else 'MISS'}")
+    plot(out, list(dict.fromkeys(e.policy for e in errs)), real)
     return errs
 
 
@@ -228,10 +291,11 @@ def policy_overrides(spec: str) -> tuple[str, list[str]]:
 
 
 def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed: int = 0,
-        real_from: Path | None = None, contended: str | None = None) -> list[FidelityErrors]:
+        real_from: Path | None = None, contended: str | None = None, repeats: int = 1) -> list[FidelityErrors]:
     """Real and simulated run of each policy (a run whose summary.json exists is kept), then `report`.
     `real_from`: take the real runs from another fidelity directory (e.g. to compare a second profile).
-    `contended`: a contended profile, for the simulator's model of servers sharing this host."""
+    `contended`: a contended profile, for the simulator's model of servers sharing this host.
+    `repeats`: real runs per policy (the simulator is deterministic: one run)."""
     from harness.experiment import run_experiment
     from harness.calibrate import compose_config, machine_mismatch
     from harness.perf.profiled import read_profile
@@ -247,14 +311,14 @@ def run(profile: str, policies: list[str], out: Path, overrides: list[str], seed
         # The simulator's side drops the real backend's own keys (backend.python, ...): backend=sim has none.
         sim_base = [o for o in base if not o.lstrip("+").startswith("backend.")]
         model = model_overrides(profile, contended)
-        for side, over in (("real", [*base, *model]), ("sim", [*sim_base, "backend=sim", *model])):
-            d = (real_from or out) / p / side if side == "real" else out / p / side
+        sides = [(real_dir((real_from or out) / p, r), [*base, *model]) for r in range(repeats)]
+        for d, over in [*sides, (out / p / "sim", [*sim_base, "backend=sim", *model])]:
             if (d / "summary.json").exists():
-                log.info("%s/%s: done before, kept (%s)", p, side, d)
+                log.info("%s/%s: done before, kept (%s)", p, d.name, d)
                 continue
             cfg = compose_config(over)
-            log.info("%s/%s: backend=%s", p, side, cfg.backend.name)
-            run_experiment(cfg, d, run_name=f"fidelity-{p}-{side}")
+            log.info("%s/%s: backend=%s", p, d.name, cfg.backend.name)
+            run_experiment(cfg, d, run_name=f"fidelity-{p}-{d.name}")
     return report(out, names, real_from)
 
 
@@ -263,6 +327,7 @@ EXAMPLES = """examples:
       +experiment=vllm_cpu_search backend.python=.venv-engines/bin/python
   %(prog)s --compare results/fidelity/cpu          the errors and figure again, from the files
   %(prog)s --calibrate quick --out DIR +experiment=vllm_cpu_fidelity
+  %(prog)s --calibrate full --repeats 3 --out DIR +experiment=vllm_cpu_fidelity   against three real runs each
 
 With --calibrate it first profiles the engines on this machine, alone and while the other one works
 (harness.calibrate, written to OUT/profile.json and OUT/profile_contended.json), and the simulator
@@ -284,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="default: %(default)s")
     p.add_argument("--compare", metavar="DIR", help="recompute the errors and figure of DIR's runs (no runs)")
     p.add_argument("--real-from", metavar="DIR", help="the real runs of DIR instead of new ones")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="real runs per policy, compared with the simulator by their mean and spread (default: %(default)s)")
     cli.run_tool(p, _main, argv)
 
 
@@ -304,6 +371,8 @@ def _main(args) -> None:
                          f"writes a profile; --calibrate measures one here first; allowed grids: {', '.join(GRIDS)})")
     if args.seed < 0:
         raise ValueError(f"--seed={args.seed} is invalid; allowed: an integer >= 0")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats={args.repeats} is invalid; allowed: an integer >= 1")
     if args.calibrate and args.contended:
         raise ValueError(f"--contended={args.contended!r} is invalid with --calibrate: the contended profile is "
                          "measured here too; give one of them")
@@ -319,7 +388,8 @@ def _main(args) -> None:
             log.info("%s: measured before, kept", profile)
         else:
             calibrate(args.overrides, profile, GRIDS[args.calibrate], contended=True)
-    run(profile, args.policies.split(","), Path(args.out), args.overrides, args.seed, real_from, contended)
+    run(profile, args.policies.split(","), Path(args.out), args.overrides, args.seed, real_from, contended,
+        args.repeats)
 
 
 if __name__ == "__main__":

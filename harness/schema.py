@@ -134,6 +134,7 @@ class ClusterSchema:
     weight_dtype: str = key(choices=("bf16", "fp8"), omittable=True)
     profile: Optional[str] = key(omittable=True)
     contended_profile: Optional[str] = key(omittable=True)   # engines sharing a host (harness/cluster.py)
+    host_path: bool = key(omittable=True)   # each leg waits the profile's host path first (harness/cluster.py)
     perf: Optional[dict[str, Any]] = key(omittable=True, allowed="a mapping of cost-model constants")
 
 

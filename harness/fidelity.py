@@ -14,8 +14,9 @@ files, then compares them:
 With --calibrate it profiles the engines first, alone and contended, and the simulator models the two
 servers sharing this host (cluster.contended_profile) and the way of each leg to its engine
 (cluster.host_path; docs/calibration.md, section 4). With --repeats N each policy runs N times on the
-real backend, and the simulated run is judged against their mean and spread (fidelity_repeats.json). Both sides run
-with the calibrated model in the cluster, so a policy that plans plans by the same model in each.
+real backend, and the simulated run is judged against their mean and spread (fidelity_repeats.json).
+Both sides run with the calibrated model in the cluster, so a policy that plans plans by the same model
+in each.
 
 Errors are signed relative errors (sim - real) / real of: rollout time; per-turn latency p50/p90/p99
 (prompt ready to last token, harness.metrics); the per-turn latency of the same (trajectory, turn) in

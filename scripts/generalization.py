@@ -1,7 +1,8 @@
 """Prorsa on settings no part of it was tuned on: other families, sizes, clusters, engine semantics and
 modes than REPRODUCE.md's experiments. Per setting it runs colocation, every fixed split and Prorsa
 (one Hydra multirun each, so a rerun skips what is complete) and prints Prorsa against
-`hindsight_best` (the fastest of colocation and the fixed splits, chosen after the fact).
+`hindsight_best` (the fastest of colocation and the fixed splits, chosen after the fact), a row per
+setting and seed, also written to OUT/summary.csv (the file REPRODUCE.md's table is rendered from).
   python scripts/generalization.py [OUT] [--only NAME ...] [--seeds 0,1]"""
 import argparse
 import json
@@ -12,9 +13,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.experiment import write_atomic  # noqa: E402
 from harness.sweep import unnamed  # noqa: E402
 
 log = logging.getLogger("generalization")
@@ -507,6 +510,7 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
         sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
     rows = table(out)
     if rows:
+        write_atomic(out / "summary.csv", lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
         cols = list(rows[0])
         print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
         for r in rows:

@@ -1,11 +1,11 @@
 """A step-time model fitted to measured step times of a real engine (a profile file).
 
 The profile is JSON: {"prefill": [{"new_tokens", "cached_tokens", "seconds"}, ...],
-"decode": [{"batch", "context", "seconds"}, ...]}, and optionally "host_path_fit" (what the host adds to a
-leg before it reaches the engine, by load; harness/calibrate.py `fit_host_path`). Step time is fitted as DistServe's simulator
-does (DistServe's simulator; docs/references.md, section 1): prefill a + b*tokens + c*attention context, decode d + e*batch +
-f*summed context, every coefficient non-negative (harness.stats.nnls); a mixed step adds the prefill
-and decode terms to the larger intercept.
+"decode": [{"batch", "context", "seconds"}, ...]}, and optionally "host_path_fit" (what the host adds
+to a leg before it reaches the engine, by load; harness/calibrate.py `fit_host_path`). Step time is
+fitted as DistServe's simulator does (docs/references.md, section 1): prefill a + b*tokens +
+c*attention context, decode d + e*batch + f*summed context, every coefficient non-negative
+(harness.stats.nnls); a mixed step adds the prefill and decode terms to the larger intercept.
 Memory (KV capacity) still follows from the GPU and the model, as in the roofline model.
 """
 from __future__ import annotations

@@ -82,7 +82,7 @@ class SimBackend:
     def from_config(cls, cluster: ClusterConfig, roles: list[Role], seed: int = 0, *, name: str = "sim",
                     fast_forward: bool = True) -> "SimBackend":
         """The `_target_` of configs/backend/sim.yaml (`seed` is taken like every backend's: the
-        simulator draws nothing, the workload does)."""
+        simulator draws only the host-path delays, `cluster.host_path`; the workload draws the rest)."""
         return cls(cluster, roles, fast_forward=fast_forward, seed=seed)
 
     def __init__(self, cluster: ClusterConfig, roles: list[Role], fast_forward: bool = True,

@@ -1,6 +1,7 @@
 """The committed reference results still hold at head: for every experiment of REPRODUCE.md's sections 4
 and 5 (results/reference/prorsa.csv and shift_prorsa.csv), colocation and the best static split of seed
-0 rerun through run.py at their full size, and two of Prorsa's runs. A change that moves any of them
+0 rerun through run.py at their full size, two of Prorsa's runs, and a cell of the sync regime map (section
+6). A change that moves any of them
 must regenerate the committed results in the same submission (`PUBLISH=1 bash scripts/reproduce.sh`).
 The tolerance allows the last bits that numpy's vectorised kernels may differ in between CPUs; a
 changed step or decision moves a run by far more."""
@@ -60,3 +61,29 @@ def test_a_committed_prorsa_run_reproduces_at_head(tmp_path, experiment):
     assert len(row) == 1, f"prorsa.csv: no single Prorsa row for {experiment} sync seed 0"
     assert rollout_s(tmp_path, f"+experiment={experiment}", "policy=prorsa") == \
         pytest.approx(float(row.rollout_time_s.iloc[0]), rel=1e-6)
+
+
+# The sync regime map (results/reference/regime_map.csv): a DP16 cell, whose colocation the last rerun moved
+# (20.50 -> 18.54 s).
+MAP_CELL = {"new_tokens": 1000, "output_tokens": 50, "dp": 16, "engine": "vllm", "mode": "sync"}
+
+
+@pytest.mark.parametrize("static", ["colocate", "best"])
+def test_a_committed_regime_map_cell_reproduces_at_head(tmp_path, static):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import regime_map
+    ref = pd.read_csv(REFERENCE / "regime_map.csv")
+    row = ref[(ref[list(MAP_CELL)] == pd.Series(MAP_CELL)).all(axis=1)]
+    assert len(row) == 1, f"regime_map.csv: no single row for {MAP_CELL}"
+    row = row.iloc[0]
+    _, par = regime_map.parallelism(MAP_CELL["dp"])
+    cell = [*regime_map.LOAD, "cluster=moe_h200", f"cluster.engine={MAP_CELL['engine']}", *par,
+            *regime_map.MODES[MAP_CELL["mode"]], f"workload.tool_output.median={MAP_CELL['new_tokens']}",
+            f"workload.output.median={MAP_CELL['output_tokens']}"]
+    if static == "colocate":
+        policy, expected = ["policy=colocate"], row.colocate_s
+    else:
+        policy = ["policy=fixed_pd", f"policy.num_prefill={int(row.best_split.split('P')[0])}"]
+        expected = row.colocate_s / row.best_fixed_speedup
+    # the CSV rounds times to 0.01 s and speedups to 0.001
+    assert rollout_s(tmp_path, *cell, *policy) == pytest.approx(float(expected), rel=2e-3)

@@ -1,8 +1,8 @@
 """The committed reference results still hold at head: for every experiment of REPRODUCE.md's sections 4
 and 5 (results/reference/prorsa.csv and shift_prorsa.csv), colocation and the best static split of seed
-0 rerun through run.py at their full size, two of Prorsa's runs, and a cell of the sync regime map (section
-6). A change that moves any of them
-must regenerate the committed results in the same submission (`PUBLISH=1 bash scripts/reproduce.sh`).
+0 rerun through run.py at their full size, two of Prorsa's runs, and a cell of the sync regime map
+(section 6). A change that moves any of them must regenerate the committed results in the same
+submission (`PUBLISH=1 bash scripts/reproduce.sh`).
 The tolerance allows the last bits that numpy's vectorised kernels may differ in between CPUs; a
 changed step or decision moves a run by far more."""
 import json

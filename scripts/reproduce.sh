@@ -95,9 +95,9 @@ timed "$PY" -m harness.report "$OUT"/search-sync "$OUT"/search-async "$OUT"/swe-
   "$OUT"/tooluse-sync "$OUT"/tooluse-async "$OUT"/drift "$OUT"/heavy_prefill --out "$OUT/report"
 timed "$PY" -m harness.report "$OUT"/ablations --out "$OUT/report-ablations"
 timed "$PY" scripts/claims.py "$OUT" "$OUT/report/claims.md"
-# Section 6, the regime map (96 sync cells here; the 48 async ones, DP1-8 with 50- and 500-token answers,
-# DP16, and 8,000-token answers on DP1-DP16, below; CSV and heatmaps in OUT/regime_map and
-# OUT/regime_map_async), and section 4's performance-model accuracy (writes
+# Section 6, the regime map (96 sync cells here; the 48 async ones below: DP1-8 with 50- and 500-token
+# answers and DP16 in OUT/regime_map_async, 8,000-token answers on DP1-DP16 in OUT/regime_map_async_long;
+# CSV and heatmaps in each), and section 4's performance-model accuracy (writes
 # results/reference/whatif_accuracy.csv itself).
 if [ "${MAPS:-1}" = 1 ]; then timed "$PY" scripts/regime_map.py "$OUT/regime_map" --grid coarse "${MAP[@]}"; fi
 timed "$PY" scripts/whatif_accuracy.py
@@ -125,9 +125,10 @@ sweep shift_reason_browse_kvboth_migrate_placement +experiment=shift_reason_brow
   policy=prorsa policy.placement=forecast_work seed=0,1,2
 timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT"/shift_reason_browse_{drain,kvboth_migrate,kvboth_migrate_placement} \
   "$OUT/$SYNC" --out "$OUT/report-shift"
-# The async regime map (its 16 cells with 8,000-token answers are the slowest of the set).
+# The async regime map; its 16 cells with 8,000-token answers, the slowest of the set, apart.
 if [ "${MAPS:-1}" = 1 ]; then
-  timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 async_long "${MAP[@]}"
+  timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 "${MAP[@]}"
+  timed "$PY" scripts/regime_map.py "$OUT/regime_map_async_long" --grid async_long "${MAP[@]}"
 fi
 # With LARGE=1, the kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at
 # three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.

@@ -246,7 +246,7 @@ def thinning() -> str:
 
 def regime() -> str:
     """Section 6: per mode, DP size and engine semantics, how many cells a split or Prorsa gains 5% in."""
-    df = pd.concat([read(REFERENCE / "regime_map.csv"), read(REFERENCE / "regime_map_async.csv")])
+    df = pd.concat([read(REFERENCE / f"regime_map{part}.csv") for part in ("", "_async", "_async_long")])
     rows = []
     for (mode, dp, engine), g in df.groupby(["mode", "dp", "engine"]):
         rows.append([mode, f"DP{dp}", engine, len(g), int((g.best_fixed_speedup >= 1.05).sum()),

@@ -456,7 +456,7 @@ async def profile_contention(c: EngineClient, g: Grid, log) -> list[dict]:
 
 # Loads of the host-path probes (named as the simulator reads them): which servers run
 # `Grid.host_streams` streamed decodes meanwhile.
-HOST_LOAD_SERVERS = tuple(zip(HOST_LOADS, ((), (1,), (0,), (0, 1))))
+HOST_LOAD_SERVERS = dict(zip(HOST_LOADS, ((), (1,), (0,), (0, 1))))
 HOST_WARMUP_S = 3.0     # the streams' first prefills are done before the probes
 HOST_PROBE_GAP_S = 0.3  # between probes, so that they do not queue behind each other
 
@@ -468,7 +468,7 @@ async def profile_host_path(c: EngineClient, g: Grid, log) -> list[dict]:
     engine core adds it, between two steps), about half the streams' inter-token time, also reported.
     Each probe's gap is kept (`gaps_s`): `fit_host_path` turns them into what the simulator adds."""
     rows = []
-    for name, servers in HOST_LOAD_SERVERS:
+    for name, servers in HOST_LOAD_SERVERS.items():
         stop = asyncio.Event()
         itls: list[float] = []
 
@@ -503,7 +503,7 @@ def fit_host_path(rows: list[dict], api_overhead_s: float) -> dict[str, list[flo
         return None
     fit = {}
     for r in rows:
-        wait = r["stream_itl_p50_s"] / 2 if 0 in dict(HOST_LOAD_SERVERS)[r["load"]] else 0.0
+        wait = r["stream_itl_p50_s"] / 2 if 0 in HOST_LOAD_SERVERS[r["load"]] else 0.0
         fit[r["load"]] = [max(g - api_overhead_s - wait, 0.0) for g in r["gaps_s"]]
     return fit
 

@@ -99,10 +99,16 @@ def cell_name(c: dict) -> str:
     return f"{c['mode']}_{c['engine']}_dp{c['dp']}_new{c['new_tokens']}_out{c['output_tokens']}"
 
 
-def run_cell(out: Path, c: dict, launcher: list[str]) -> None:
-    engines, par = parallelism(c["dp"])
-    over = [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *MODES[c["mode"]], "logger=none",
+def cell_overrides(c: dict) -> list[str]:
+    """A cell's run, but for its policy."""
+    _, par = parallelism(c["dp"])
+    return [*LOAD, "cluster=moe_h200", f"cluster.engine={c['engine']}", *par, *MODES[c["mode"]],
             f"workload.tool_output.median={c['new_tokens']}", f"workload.output.median={c['output_tokens']}"]
+
+
+def run_cell(out: Path, c: dict, launcher: list[str]) -> None:
+    engines, _ = parallelism(c["dp"])
+    over = [*cell_overrides(c), "logger=none"]
     # job directories named by the policy overrides only (the cell's directory says the rest)
     cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out / cell_name(c)}", *over, unnamed(over), *launcher]
     for policy in (["policy=colocate,prorsa"], ["policy=fixed_pd", f"policy.num_prefill={','.join(map(str, splits(engines)))}"]):

@@ -76,10 +76,7 @@ def test_a_committed_regime_map_cell_reproduces_at_head(tmp_path, static):
     row = ref[(ref[list(MAP_CELL)] == pd.Series(MAP_CELL)).all(axis=1)]
     assert len(row) == 1, f"regime_map.csv: no single row for {MAP_CELL}"
     row = row.iloc[0]
-    _, par = regime_map.parallelism(MAP_CELL["dp"])
-    cell = [*regime_map.LOAD, "cluster=moe_h200", f"cluster.engine={MAP_CELL['engine']}", *par,
-            *regime_map.MODES[MAP_CELL["mode"]], f"workload.tool_output.median={MAP_CELL['new_tokens']}",
-            f"workload.output.median={MAP_CELL['output_tokens']}"]
+    cell = regime_map.cell_overrides(MAP_CELL)
     if static == "colocate":
         policy, expected = ["policy=colocate"], row.colocate_s
     else:

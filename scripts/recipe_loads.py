@@ -2,7 +2,8 @@
 on 64 H200 (configs/cluster/qwen235_h200.yaml, vLLM semantics): 2, 8, 32 and 128 trajectories per GPU
 (docs/references.md, section 10: 1-32 per GPU in SWE runs, 32-512 in search and tool-use runs), one
 sync step each. Per setting: colocation, every fixed split and Prorsa (the runner and table of
-scripts/generalization.py); does PD reach the paper's 1.11x over colocation at some load?
+scripts/generalization.py), but for Prorsa at 128 per GPU (8,192 trajectories: at 2,048 a Prorsa run
+of SWE took over ten minutes here); does PD reach the paper's 1.11x over colocation at some load?
     python scripts/recipe_loads.py [OUT] [--only NAME ...] [--seeds 0]"""
 import sys
 from pathlib import Path
@@ -20,5 +21,7 @@ SETTINGS = {f"{name}_load{load}": [experiment, "mode.num_steps=1", "cluster=qwen
             for name, (experiment, group) in RECIPES.items() for load in LOADS}
 
 
+STATICS_ONLY = {f"{name}_load128" for name in RECIPES}
+
 if __name__ == "__main__":
-    main(SETTINGS, "results/recipe_loads", __doc__)
+    main(SETTINGS, "results/recipe_loads", __doc__, STATICS_ONLY)

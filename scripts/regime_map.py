@@ -145,7 +145,8 @@ def cell_overrides(c: dict) -> list[str]:
 
 def with_prorsa(c: dict) -> bool:
     """Prorsa runs in every cell but the async ones with more than 256 trajectories in flight, where a
-    plan costs several CPU seconds and a run tens of minutes (benchmarks/test_prorsa_overhead.py)."""
+    plan costs several CPU seconds (benchmarks/test_prorsa_overhead.py) and one run of 1,024 in flight
+    took over eight minutes here."""
     return c["mode"] == "sync" or c.get("load", LOAD_PER_GPU) * GPUS <= ASYNC_PRORSA_MAX_IN_FLIGHT
 
 

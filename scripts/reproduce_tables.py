@@ -256,6 +256,55 @@ def regime() -> str:
                                                 "best split, most", "Prorsa >= 1.05x", "Prorsa, most"]))
 
 
+def capture() -> str:
+    """Switches against the oracle (results/capture/capture.csv, scripts/capture.py), per setting over its
+    seeds: where the oracle gains >= 3% over the best static split, on how many seeds Prorsa captures at
+    least half of that (results/capture/capture.md has every seed)."""
+    df = read(RESULTS / "capture" / "capture.csv", "setting", "seed", "held_out", "oracle_gain", "captured",
+              "prorsa_vs_best", "oracle_switches", "prorsa_switches", "evidence_vs_best", "evidence_captured",
+              "wape_prefill", "wape_decode")
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        big = g[g.oracle_gain >= 0.03]
+        rows.append([setting, f"{len(g)} ({int(g.held_out.sum())})", f"{g.oracle_gain.mean():+.1%} ({g.oracle_gain.max():+.1%})",
+                     f"{int((big.captured >= 0.5).sum())} of {len(big)}", m(g.prorsa_vs_best, 3),
+                     f"{g.oracle_switches.mean():.1f} / {g.prorsa_switches.mean():.1f}",
+                     f"{int((big.evidence_captured >= 0.5).sum())} of {len(big)}", m(g.evidence_vs_best, 3),
+                     f"{g.wape_prefill.mean():.2f} / {g.wape_decode.mean():.2f}"])
+    return md_table(pd.DataFrame(rows, columns=[
+        "setting", "seeds (held out)", "oracle gain: mean (most)", "Prorsa captures >= half (seeds with oracle gain >= 3%)",
+        "Prorsa / best: mean (range)", "switches: oracle / Prorsa", "evidence rule captures", "evidence rule / best",
+        "forecast WAPE prefill / decode"]))
+
+
+def load_map() -> str:
+    """Section 6's load and tool-latency axes (results/reference/regime_map_load.csv): per mode and tool
+    latency, the best split's and Prorsa's speedup over colocation at each load, the range over the four
+    panels (1,000 and 4,000 new tokens, DP4 and DP8)."""
+    df = read(REFERENCE / "regime_map_load.csv", "mode", "tool_s", "load", "best_fixed_speedup", "prorsa_speedup")
+    def span(v: pd.Series) -> str:
+        v = v.dropna()
+        return "-" if v.empty else f"{v.min():.2f}" if v.min() == v.max() else f"{v.min():.2f}-{v.max():.2f}"
+    rows = []
+    for (mode, tool), g in df.groupby(["mode", "tool_s"]):
+        rows.append([mode, f"{tool:g}", *(f"{span(c.best_fixed_speedup)} (P {span(c.prorsa_speedup)})"
+                                          for _, c in g.groupby("load"))])
+    loads = sorted(df.load.unique())
+    return md_table(pd.DataFrame(rows, columns=["mode", "tools (s)", *(f"{n} per GPU: best split (Prorsa)" for n in loads)]))
+
+
+def recipe_loads() -> str:
+    """The recipes at published loads on Qwen3-235B, 64 H200 (results/recipe_loads/summary.csv,
+    scripts/recipe_loads.py): the best static allocation over colocation, and Prorsa over the best."""
+    df = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "best", "best/colocate", "prorsa/best")
+    df[["recipe", "load"]] = df.setting.str.extract(r"(\w+)_load(\d+)")
+    df["load"] = df.load.astype(int)
+    rows = [[recipe, *(f"{r['best/colocate']:.2f}x ({r.best}), P {r['prorsa/best']:.2f}" for _, r in g.sort_values("load").iterrows())]
+            for recipe, g in df.groupby("recipe", sort=False)]
+    loads = sorted(df.load.unique())
+    return md_table(pd.DataFrame(rows, columns=["recipe", *(f"{n} per GPU" for n in loads)]))
+
+
 def published() -> str:
     """Issue: the cost model against published measurements (scripts/published.py)."""
     df = read(REFERENCE / "published.csv")
@@ -346,10 +395,10 @@ def timing() -> str:
 
 
 BLOCKS = {"claims": claims_table, "claims-1-3": claims_1_3, "prorsa-reference": prorsa_reference, "shift": shift,
-          "ablations": ablations, "capture": include(RESULTS / "capture" / "capture.md"),
+          "ablations": ablations, "capture": capture,
           "robustness": include(RESULTS / "robustness" / "robustness.md"),
           "thinning": thinning,
-          "regime": regime, "published": published, "every-setting": every_setting,
+          "regime": regime, "load-map": load_map, "recipe-loads": recipe_loads, "published": published, "every-setting": every_setting,
           "generalization": generalization, "fidelity": fidelity,
           "timing": timing}
 

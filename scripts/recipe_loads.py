@@ -1,9 +1,10 @@
 """The search, SWE and tool-use recipes at the loads published agentic-RL runs use, on Qwen3-235B-A22B
-on 64 H200 (configs/cluster/qwen235_h200.yaml, vLLM semantics): 2, 8, 32 and 128 trajectories per GPU
+on 64 H200 (configs/cluster/qwen235_h200.yaml, vLLM semantics): 2, 8, 32, 64 and 128 trajectories per GPU
 (docs/references.md, section 10: 1-32 per GPU in SWE runs, 32-512 in search and tool-use runs), one
 sync step each. Per setting: colocation, every fixed split and Prorsa (the runner and table of
-scripts/generalization.py), but for Prorsa at 128 per GPU (8,192 trajectories: at 2,048 a Prorsa run
-of SWE took over ten minutes here); does PD reach the paper's 1.11x over colocation at some load?
+scripts/generalization.py), but for Prorsa at 64 and 128 per GPU (4,096 and 8,192 trajectories: at
+2,048 a Prorsa run of SWE took ten minutes here); does PD reach the paper's 1.11x over colocation at
+some load?
     python scripts/recipe_loads.py [OUT] [--only NAME ...] [--seeds 0]"""
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from generalization import main  # noqa: E402
 
 GPUS = 64
-LOADS = (2, 8, 32, 128)   # trajectories per GPU
+LOADS = (2, 8, 32, 64, 128)   # trajectories per GPU
 RECIPES = {"search": ("+experiment=search", 5), "swe": ("+experiment=swe", 8), "tooluse": ("+experiment=tooluse", 8)}
 # prompts per step: the load's trajectories over the recipe's group size (search: groups of 5, so
 # 2 per GPU is 26 prompts, 130 trajectories)
@@ -21,7 +22,7 @@ SETTINGS = {f"{name}_load{load}": [experiment, "mode.num_steps=1", "cluster=qwen
             for name, (experiment, group) in RECIPES.items() for load in LOADS}
 
 
-STATICS_ONLY = {f"{name}_load128" for name in RECIPES}
+STATICS_ONLY = {f"{name}_load{load}" for name in RECIPES for load in LOADS if load >= 64}
 
 if __name__ == "__main__":
     main(SETTINGS, "results/recipe_loads", __doc__, STATICS_ONLY)

@@ -212,15 +212,19 @@ class Layout:
     ylabel: str
     xlabel: str
     panel_title: str      # formatted with the panel's two values
-    subject: str          # what the map holds, for the title
+    title: str            # formatted with the mode and the output tokens per turn
     file: str             # formatted with the mode
 
 
+SPEEDUPS = "Best fixed split (colour, top) and Prorsa (P) speedup over colocation"
+BOUND = "x: the lower bound leaves < 5% to gain"
 LAYOUTS = {
     "shape": Layout(("engine", "dp"), "new_tokens", "output_tokens", "new tokens / turn", "output tokens / turn",
-                    "{0}, DP{1}", "32 H200, Qwen3-30B-A3B", "regime_map_{mode}"),
+                    "{0}, DP{1}", f"{SPEEDUPS}, {{mode}} RL, 32 H200, Qwen3-30B-A3B\n{BOUND}", "regime_map_{mode}"),
     "load": Layout(("new_tokens", "dp"), "tool_s", "load", "tool latency (s)", "trajectories / GPU",
-                   "{0} new tokens, DP{1}", "32 H200, Qwen3-30B-A3B, vLLM", "regime_map_load_{mode}"),
+                   "{0} new tokens, DP{1}",
+                   f"{SPEEDUPS}, {{mode}} RL\n32 H200, Qwen3-30B-A3B, vLLM, {{out}} output tokens / turn; {BOUND}",
+                   "regime_map_load_{mode}"),
 }
 
 
@@ -267,8 +271,8 @@ def figures(df, out: Path, lay: Layout) -> list[Path]:
                     ax.set_xlabel(lay.xlabel, fontsize=7)
                 if j == 0:
                     ax.set_ylabel(lay.ylabel, fontsize=7)
-        fig.suptitle(f"Best fixed split (colour, top) and Prorsa (P) speedup over colocation, {mode} RL, "
-                     f"{lay.subject}\nx: the lower bound leaves < 5% to gain", fontsize=8)
+        out_tokens = "/".join(map(str, sorted(d.output_tokens.unique())))
+        fig.suptitle(lay.title.format(mode=mode, out=out_tokens), fontsize=8)
         fig.colorbar(image, ax=axes, shrink=0.8, label="best fixed / colocation")
         for ext in ("png", "pdf"):
             path = out / f"{lay.file.format(mode=mode)}.{ext}"

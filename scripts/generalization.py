@@ -10,6 +10,7 @@ import logging
 import re
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -439,14 +440,14 @@ def splits(overrides: list[str]) -> str:
     return ",".join(str(k) for k in range(1, n))
 
 
-def sweep(out: Path, overrides: list[str], seeds: str) -> None:
-    """Colocation, Prorsa and every fixed split at each seed. A replayed trace runs the same
-    trajectories at every seed, so there Prorsa's own sampling stream (`policy.seed`) follows the seed:
-    the seeds then differ in Prorsa's draws, as they would not otherwise."""
+def sweep(out: Path, overrides: list[str], seeds: str, prorsa: bool = True) -> None:
+    """Colocation, Prorsa (unless `prorsa` is false) and every fixed split at each seed. A replayed trace
+    runs the same trajectories at every seed, so there Prorsa's own sampling stream (`policy.seed`)
+    follows the seed: the seeds then differ in Prorsa's draws, as they would not otherwise."""
     # job directories named by the policy and seed only (the setting's directory says the rest)
     cmd = [sys.executable, "run.py", "-m", f"hydra.sweep.dir={out}", "logger=none", f"seed={seeds}", *overrides]
     fixed = ["policy=fixed_pd", f"policy.num_prefill={splits(overrides)}"]
-    runs = [["policy=colocate,prorsa"], fixed]
+    runs = [["policy=colocate,prorsa" if prorsa else "policy=colocate"], fixed]
     if "workload=trace" in overrides:
         # a replay's static runs are the same at every seed: run them at the first (table() reuses them)
         first = f"seed={seeds.split(',')[0]}"
@@ -460,24 +461,27 @@ def sweep(out: Path, overrides: list[str], seeds: str) -> None:
             log.warning("%s: a job failed (exit %d); the others are kept", out.name, rc)
 
 
-def table(out: Path) -> list[dict]:
+def table(out: Path, statics_only: Collection[str] = ()) -> list[dict]:
+    """One row per setting and seed; a setting of `statics_only` without Prorsa's columns."""
     rows = []
     for d in sorted(p for p in out.iterdir() if p.is_dir()):
+        statics_only_here = d.name in statics_only
         runs = [(s.parent.name, json.loads(s.read_text())) for s in d.glob("*/summary.json")]
         replay = sorted(r["seed"] for _, r in runs if r["workload"] == "trace" and r["policy"] == "colocate")
         for seed in sorted({r["seed"] for _, r in runs}):
             by = {_label(job, r): r for job, r in runs if r["seed"] == seed}
             if "colocate" not in by and replay:   # a replay's static runs, made at one seed
                 by = {**{_label(job, r): r for job, r in runs if r["seed"] == replay[0]}, **by}
-            if "prorsa" not in by or "colocate" not in by:
+            if "colocate" not in by or ("prorsa" not in by and not statics_only_here):
                 continue
             static = {k: v["rollout_time_s"] for k, v in by.items() if k != "prorsa"}
             best = min(static, key=static.get)
-            p = by["prorsa"]
+            p = by.get("prorsa")   # None: a setting run without Prorsa
             rows.append({"setting": d.name, "seed": seed, "colocate_s": round(static["colocate"], 1),
                          "best": best, "best_s": round(static[best], 1),
-                         "prorsa_s": round(p["rollout_time_s"], 1), "switches": p.get("num_role_switches", 0),
-                         "prorsa/best": round(static[best] / p["rollout_time_s"], 3),
+                         "prorsa_s": round(p["rollout_time_s"], 1) if p else None,
+                         "switches": p.get("num_role_switches", 0) if p else None,
+                         "prorsa/best": round(static[best] / p["rollout_time_s"], 3) if p else None,
                          "best/colocate": round(static["colocate"] / static[best], 3)})
     return rows
 
@@ -489,9 +493,10 @@ def _label(job_dir: str, summary: dict) -> str:
 
 
 def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/generalization",
-         doc: str = __doc__) -> None:
-    """Runs `settings` (name -> overrides) and prints Prorsa against `hindsight_best` per setting and
-    seed (scripts/paper_clusters.py runs its own settings through this)."""
+         doc: str = __doc__, statics_only: Collection[str] = ()) -> None:
+    """Runs `settings` (name -> overrides; those in `statics_only` without Prorsa) and prints Prorsa
+    against `hindsight_best` per setting and seed (scripts/paper_clusters.py and recipe_loads.py run
+    their own settings through this)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("out", nargs="?", default=default_out)
     ap.add_argument("--only", nargs="*", default=None)
@@ -507,8 +512,8 @@ def main(settings: dict[str, list[str]] = SETTINGS, default_out: str = "results/
         paths = [Path(o.split("=", 1)[1].format(traces=traces)) for o in overrides if "{traces}" in o]
         if not all(path.exists() for path in paths):
             write_traces(traces)
-        sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds)
-    rows = table(out)
+        sweep(out / name, [o.format(traces=traces) for o in overrides], args.seeds, prorsa=name not in statics_only)
+    rows = table(out, statics_only)
     if rows:
         write_atomic(out / "summary.csv", lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
         cols = list(rows[0])

@@ -27,6 +27,8 @@ if [ "${MAPS:-1}" = 1 ]; then
   cp "$OUT"/regime_map_async/regime_map_async.{png,pdf} "$R"/
   cp "$OUT"/regime_map_async_long/regime_map.csv "$R"/regime_map_async_long.csv
   for ext in png pdf; do cp "$OUT"/regime_map_async_long/regime_map_async.$ext "$R"/regime_map_async_long.$ext; done
+  cp "$OUT"/regime_map_load/regime_map.csv "$R"/regime_map_load.csv
+  cp "$OUT"/regime_map_load/regime_map_load_{sync,async}.{png,pdf} "$R"/
 fi
 sed "s#$OUT#OUT#g" "$OUT"/timing.tsv > "$R"/timing.tsv   # the steps as reproduce.sh names them
 "$PY" scripts/claims.py --render

@@ -129,6 +129,8 @@ timed "$PY" -m harness.report "${SHIFTS[@]/#/$OUT/}" "$OUT"/shift_reason_browse_
 if [ "${MAPS:-1}" = 1 ]; then
   timed "$PY" scripts/regime_map.py "$OUT/regime_map_async" --grid async async_dp16 "${MAP[@]}"
   timed "$PY" scripts/regime_map.py "$OUT/regime_map_async_long" --grid async_long "${MAP[@]}"
+  # the load (2, 8, 32 trajectories per GPU) and tool-latency (0.2, 2, 20 s) axes, DP4 and DP8
+  timed "$PY" scripts/regime_map.py "$OUT/regime_map_load" --grid load "${MAP[@]}"
 fi
 # With LARGE=1, the kv_both curriculum on 16 engines (64 H200): colocation, every split and Prorsa at
 # three seeds, both ablations at seed 0, and Prorsa with decode migration at three seeds.

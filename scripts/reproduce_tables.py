@@ -103,6 +103,10 @@ def claims_table() -> str:
     shift = shift[shift.policy.map(full_prorsa)]
     paper = read(RESULTS / "paper_clusters" / "summary.csv", "seed", "colocate_s", "best_s", "prorsa_s")
     paper_prorsa, paper_best = paper.colocate_s / paper.prorsa_s, paper.colocate_s / paper.best_s
+    loads = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "best", "best/colocate")
+    loads["load"] = loads.setting.str.extract(r"_load(\d+)$")[0].astype(int)
+    light, heavy_load = loads[loads.load <= 32], loads[loads.load > 32]
+    top = heavy_load.loc[heavy_load["best/colocate"].idxmax()]
 
     def curr(name: str) -> str:
         g = shift[shift.curriculum == name]
@@ -131,7 +135,11 @@ def claims_table() -> str:
         ["... on clusters of the paper's kind (Qwen3-235B on 64 H200, DeepSeek-V3 on 128 H200), sync", "1.11-4.05x",
          f"{paper_prorsa.min():.2f}-{paper_prorsa.max():.2f}x over the search, SWE and tool-use recipes, both "
          f"semantics (seed {', '.join(map(str, sorted(paper.seed.unique())))}); the best static split "
-         f"{paper_best.min():.2f}-{paper_best.max():.2f}x: these recipes leave an allocation little to gain", "not tuned on"],
+         f"{paper_best.min():.2f}-{paper_best.max():.2f}x: these recipes leave an allocation little to gain; by load "
+         f"(Qwen3-235B, seed 0): the best split {light['best/colocate'].min():.2f}-{light['best/colocate'].max():.2f}x at "
+         f"{light.load.min()}-{light.load.max()} trajectories per GPU, up to {top['best/colocate']:.2f}x "
+         f"({top.setting}, {top.best}) at {'-'.join(map(str, sorted({heavy_load.load.min(), heavy_load.load.max()})))}",
+         "6, not tuned on"],
     ]
     return md_table(pd.DataFrame(rows, columns=["claim", "paper", "here", "section"]))
 
@@ -227,10 +235,6 @@ def ablations() -> str:
     return md_table(pd.DataFrame(rows, columns=["Prorsa with", "Prorsa / colocation", "switches"]))
 
 
-def include(path: Path):
-    return lambda: path.read_text().strip()
-
-
 def thinning() -> str:
     """Section 8: thinned plans against the full plan, aggregated over settings."""
     df = read(RESULTS / "thinning" / "thinning.csv")
@@ -248,12 +252,78 @@ def regime() -> str:
     """Section 6: per mode, DP size and engine semantics, how many cells a split or Prorsa gains 5% in."""
     df = pd.concat([read(REFERENCE / f"regime_map{part}.csv") for part in ("", "_async", "_async_long")])
     rows = []
-    for (mode, dp, engine), g in df.groupby(["mode", "dp", "engine"]):
-        rows.append([mode, f"DP{dp}", engine, len(g), int((g.best_fixed_speedup >= 1.05).sum()),
-                     f"{g.best_fixed_speedup.max():.2f}", int((g.prorsa_speedup >= 1.05).sum()),
-                     f"{g.prorsa_speedup.max():.2f}"])
+    for (mode, dp), g in df.groupby(["mode", "dp"]):
+        by = [e for _, e in g.groupby("engine")]   # sglang before vllm
+        def each(f) -> str:
+            return " / ".join(f(e) for e in by)
+        rows.append([mode, f"DP{dp}", each(lambda e: e.engine.iloc[0]), each(lambda e: str(len(e))),
+                     each(lambda e: str(int((e.best_fixed_speedup >= 1.05).sum()))),
+                     each(lambda e: f"{e.best_fixed_speedup.max():.2f}"),
+                     each(lambda e: str(int((e.prorsa_speedup >= 1.05).sum()))), each(lambda e: f"{e.prorsa_speedup.max():.2f}")])
     return md_table(pd.DataFrame(rows, columns=["mode", "DP", "engine", "cells", "best split >= 1.05x",
                                                 "best split, most", "Prorsa >= 1.05x", "Prorsa, most"]))
+
+
+def capture() -> str:
+    """Switches against the oracle (results/capture/capture.csv, scripts/capture.py), per setting over its
+    seeds: where the oracle gains >= 3% over the best static split, on how many seeds Prorsa captures at
+    least half of that (results/capture/capture.md has every seed)."""
+    df = read(RESULTS / "capture" / "capture.csv", "setting", "seed", "held_out", "oracle_gain", "captured",
+              "prorsa_vs_best", "oracle_switches", "prorsa_switches", "evidence_vs_best", "evidence_captured",
+              "wape_prefill", "wape_decode")
+    rows = []
+    for setting, g in df.groupby("setting", sort=False):
+        big = g[g.oracle_gain >= 0.03]
+        rows.append([setting, f"{len(g)} ({int(g.held_out.sum())})", f"{g.oracle_gain.mean():+.1%} ({g.oracle_gain.max():+.1%})",
+                     f"{int((big.captured >= 0.5).sum())} of {len(big)}", m(g.prorsa_vs_best, 3),
+                     f"{g.oracle_switches.mean():.1f} / {g.prorsa_switches.mean():.1f}",
+                     f"{int((big.evidence_captured >= 0.5).sum())} of {len(big)}", m(g.evidence_vs_best, 3),
+                     f"{g.wape_prefill.mean():.2f} / {g.wape_decode.mean():.2f}"])
+    return md_table(pd.DataFrame(rows, columns=[
+        "setting", "seeds (held out)", "oracle gain: mean (most)", "Prorsa captures >= half (seeds with oracle gain >= 3%)",
+        "Prorsa / best: mean (range)", "switches: oracle / Prorsa", "evidence rule captures", "evidence rule / best",
+        "forecast WAPE prefill / decode"]))
+
+
+def robustness() -> str:
+    """Prorsa / hindsight_best with a planning model that differs from the world (results/robustness/
+    robustness.csv, scripts/robustness.py): one row per setting, one column per condition, mean (min-max)
+    over seeds; results/robustness/robustness.md has the switches too."""
+    df = read(RESULTS / "robustness" / "robustness.csv", "setting", "condition", "seed", "vs_hindsight_best")
+    conditions = list(dict.fromkeys(df.condition))
+    rows = [[setting, g.seed.nunique(), *(m(g[g.condition == c].vs_hindsight_best, 3) for c in conditions)]
+            for setting, g in df.groupby("setting", sort=False)]
+    return md_table(pd.DataFrame(rows, columns=["setting", "seeds", *conditions]))
+
+
+def load_map() -> str:
+    """Section 6's load and tool-latency axes (results/reference/regime_map_load.csv): per mode and tool
+    latency, the best split's and Prorsa's speedup over colocation at each load, the range over the four
+    panels (1,000 and 4,000 new tokens, DP4 and DP8)."""
+    df = read(REFERENCE / "regime_map_load.csv", "mode", "tool_s", "load", "best_fixed_speedup", "prorsa_speedup")
+    def span(v: pd.Series) -> str:
+        v = v.dropna()
+        return "-" if v.empty else f"{v.min():.2f}" if v.min() == v.max() else f"{v.min():.2f}-{v.max():.2f}"
+    rows = []
+    for (mode, tool), g in df.groupby(["mode", "tool_s"]):
+        rows.append([mode, f"{tool:g}", *(f"{span(c.best_fixed_speedup)} (P {span(c.prorsa_speedup)})"
+                                          for _, c in g.groupby("load"))])
+    loads = sorted(df.load.unique())
+    return md_table(pd.DataFrame(rows, columns=["mode", "tools (s)", *(f"{n} per GPU: best split (Prorsa)" for n in loads)]))
+
+
+def recipe_loads() -> str:
+    """The recipes at published loads on Qwen3-235B, 64 H200 (results/recipe_loads/summary.csv,
+    scripts/recipe_loads.py): the best static allocation over colocation, and Prorsa over the best."""
+    df = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "best", "best/colocate", "prorsa/best")
+    df[["recipe", "load"]] = df.setting.str.extract(r"(\w+)_load(\d+)")
+    df["load"] = df.load.astype(int)
+    def entry(r) -> str:
+        prorsa = "" if pd.isna(r["prorsa/best"]) else f", P {r['prorsa/best']:.2f}"
+        return f"{r['best/colocate']:.2f}x ({r.best}){prorsa}"
+    rows = [[recipe, *(entry(r) for _, r in g.sort_values("load").iterrows())] for recipe, g in df.groupby("recipe", sort=False)]
+    loads = sorted(df.load.unique())
+    return md_table(pd.DataFrame(rows, columns=["recipe", *(f"{n} per GPU" for n in loads)]))
 
 
 def published() -> str:
@@ -346,10 +416,10 @@ def timing() -> str:
 
 
 BLOCKS = {"claims": claims_table, "claims-1-3": claims_1_3, "prorsa-reference": prorsa_reference, "shift": shift,
-          "ablations": ablations, "capture": include(RESULTS / "capture" / "capture.md"),
-          "robustness": include(RESULTS / "robustness" / "robustness.md"),
+          "ablations": ablations, "capture": capture,
+          "robustness": robustness,
           "thinning": thinning,
-          "regime": regime, "published": published, "every-setting": every_setting,
+          "regime": regime, "load-map": load_map, "recipe-loads": recipe_loads, "published": published, "every-setting": every_setting,
           "generalization": generalization, "fidelity": fidelity,
           "timing": timing}
 

@@ -31,3 +31,12 @@ def test_prorsa_against_the_best_static_allocation_of_its_seed(tmp_path, monkeyp
     generalization.main()
     written = pd.read_csv(tmp_path / "summary.csv")
     assert written.to_dict("records") == [row]
+
+
+def test_a_setting_run_without_prorsa_gives_its_statics_only(tmp_path):
+    s = tmp_path / "heavy_load"
+    _run(s / "policy=colocate,seed=0", "colocate", 0, 100.0)
+    _run(s / "policy.num_prefill=3,policy=fixed_pd,seed=0", "fixed_pd", 0, 90.0)
+    assert generalization.table(tmp_path) == []   # Prorsa missing from a setting that should have it
+    (row,) = generalization.table(tmp_path, statics_only={"heavy_load"})
+    assert (row["best"], row["best/colocate"], row["prorsa_s"], row["prorsa/best"]) == ("3P", round(100 / 90, 3), None, None)

@@ -42,3 +42,20 @@ def test_regime_map_smoke_cell(smoke):
 def test_a_cell_on_the_maps_own_ray_cluster_gives_the_same_row(smoke, tmp_path):
     """`--ray`: the cell's multiruns join the Ray cluster the script starts; the same row as without."""
     pd.testing.assert_frame_equal(regime_map(tmp_path, "--grid", "smoke", "--ray"), smoke[1])
+
+
+def test_the_load_axes_set_the_batch_the_trajectories_in_flight_and_the_tools():
+    """A load-grid cell by hand: 32 trajectories per GPU on 32 GPUs is 1,024 trajectories, 128 prompts of
+    8; async keeps one batch in flight; a cell at the default load keeps its name and overrides."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import regime_map as m
+    c = {"new_tokens": 4000, "output_tokens": 500, "dp": 8, "engine": "vllm", "mode": "async", "load": 32, "tool_s": 20.0}
+    over = m.cell_overrides(c)
+    assert {"workload.batch_size=128", "mode.max_in_flight=1024", "workload.tool_latency.0.median=20",
+            "cluster.num_engines=4", "workload.tool_output.median=4000"} <= set(over)
+    assert m.cell_name(c) == "async_vllm_dp8_new4000_out500_load32_tool20"
+    assert not m.with_prorsa(c) and m.with_prorsa({**c, "mode": "sync"}) and m.with_prorsa({**c, "load": 8})
+    default = {**c, "load": 8, "tool_s": 0.2}
+    assert m.cell_name(default) == "async_vllm_dp8_new4000_out500"
+    assert {"workload.batch_size=32", "mode.max_in_flight=256", "workload.tool_latency.0.median=0.2"} <= set(m.cell_overrides(default))
+    assert len(list(m.cells("load"))) == 72

@@ -451,7 +451,7 @@ def sweep(out: Path, overrides: list[str], seeds: str, prorsa: bool = True) -> N
     if "workload=trace" in overrides:
         # a replay's static runs are the same at every seed: run them at the first (table() reuses them)
         first = f"seed={seeds.split(',')[0]}"
-        runs = [["policy=colocate", first], ["policy=prorsa", "policy.seed=${seed}"], fixed + [first]]
+        runs = [["policy=colocate", first], *([["policy=prorsa", "policy.seed=${seed}"]] if prorsa else []), fixed + [first]]
     for policy in runs:
         named = overrides + [o for o in policy if o.startswith("policy.seed=")]   # named by the seed already
         seed = [o for o in policy if o.startswith("seed=")]

@@ -1,7 +1,8 @@
-"""Regime map: where PD disaggregation and Prorsa pay, over new tokens per turn x output tokens per turn x
-DP-attention size x engine semantics x RL mode, at a load typical of RL rollouts (GPUs saturated, tools
-fast). Per cell: colocation, fixed splits (a quarter, half and three quarters of the engines as prefill
-engines) and Prorsa; the speedup over colocation of the best split and of Prorsa, and the most any
+"""Regime map: where PD disaggregation and Prorsa pay. The turn-shape grids vary new tokens per turn x
+output tokens per turn x DP-attention size x engine semantics x RL mode, at a load typical of RL
+rollouts (GPUs saturated, tools fast); the load grid varies the load and the tool latency. Per cell:
+colocation, fixed splits (a quarter, half and three quarters of the engines as prefill engines) and
+Prorsa (see `with_prorsa`); the speedup over colocation of the best split and of Prorsa, and the most any
 allocation could gain by the lower bound (colocation's rollout time / lower_bound_s; a cell where it
 is under 1.05 is marked: no allocation can gain 5% there).
 
@@ -44,8 +45,10 @@ log = logging.getLogger("regime_map")
 
 GPUS = 32
 GROUP = 8       # trajectories per prompt (GRPO group)
-LOAD_PER_GPU = 8   # trajectories per GPU: 256 of 4 turns on the 32 GPUs, tools at 0.2 s (the GPUs, not the
-TOOL_S = 0.2       # tools, bound a step)
+# The default load: 8 trajectories per GPU (256 of 4 turns on the 32 GPUs), tools at 0.2 s: the GPUs, not
+# the tools, bound a step.
+LOAD_PER_GPU = 8
+TOOL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -283,9 +286,10 @@ def figures(df, out: Path, lay: Layout) -> list[Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="Regime map: where PD disaggregation and Prorsa pay.")
     ap.add_argument("out", nargs="?", default="results/regime_map")
-    ap.add_argument("--grid", choices=list(GRIDS), nargs="+", default=["coarse"])
+    ap.add_argument("--grid", choices=list(GRIDS), nargs="+", default=["coarse"],
+                    help="grids of one layout, drawn as one map (default: coarse)")
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
@@ -296,6 +300,12 @@ def main() -> None:
     if len(layouts) > 1:
         ap.error(f"--grid {' '.join(args.grid)}: one map draws grids of one layout (shape or load), not both")
     grid = list(cells(*args.grid))
+    lay = LAYOUTS[next(iter(layouts))]
+    held = [k for k in ("new_tokens", "output_tokens", "dp", "engine", "load", "tool_s")
+            if k not in (*lay.panel, lay.x, lay.y) and len({c[k] for c in grid}) > 1]
+    if held:
+        ap.error(f"--grid {' '.join(args.grid)}: the {lay.file.split('_{')[0]} figure draws one value of "
+                 f"{', '.join(held)}; these grids hold several")
     if not args.table_only:
         run_cells(out, grid, args.ray)
     import pandas as pd
@@ -304,7 +314,7 @@ def main() -> None:
         log.warning("no complete cell in %s", out)
         return
     df.to_csv(out / "regime_map.csv", index=False)
-    figures(df, out, LAYOUTS[layouts.pop()])
+    figures(df, out, lay)
     log.info("%s", df.to_string(index=False))
 
 

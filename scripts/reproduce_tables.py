@@ -103,9 +103,10 @@ def claims_table() -> str:
     shift = shift[shift.policy.map(full_prorsa)]
     paper = read(RESULTS / "paper_clusters" / "summary.csv", "seed", "colocate_s", "best_s", "prorsa_s")
     paper_prorsa, paper_best = paper.colocate_s / paper.prorsa_s, paper.colocate_s / paper.best_s
-    loads = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "best", "best/colocate")
+    loads = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "best", "best/colocate", "prorsa/best")
     loads["load"] = loads.setting.str.extract(r"_load(\d+)$")[0].astype(int)
-    light, heavy_load = loads[loads.load <= 32], loads[loads.load > 32]
+    # loads Prorsa ran at, and the heavier ones run with the static allocations only (scripts/recipe_loads.py)
+    light, heavy_load = loads[loads["prorsa/best"].notna()], loads[loads["prorsa/best"].isna()]
     top = heavy_load.loc[heavy_load["best/colocate"].idxmax()]
 
     def curr(name: str) -> str:
@@ -249,17 +250,15 @@ def thinning() -> str:
 
 
 def regime() -> str:
-    """Section 6: per mode, DP size and engine semantics, how many cells a split or Prorsa gains 5% in."""
+    """Section 6: per mode and DP size, how many cells a split or Prorsa gains 5% in, per engine semantics."""
     df = pd.concat([read(REFERENCE / f"regime_map{part}.csv") for part in ("", "_async", "_async_long")])
     rows = []
+    columns = [lambda e: e.engine.iloc[0], lambda e: str(len(e)),
+               lambda e: str(int((e.best_fixed_speedup >= 1.05).sum())), lambda e: f"{e.best_fixed_speedup.max():.2f}",
+               lambda e: str(int((e.prorsa_speedup >= 1.05).sum())), lambda e: f"{e.prorsa_speedup.max():.2f}"]
     for (mode, dp), g in df.groupby(["mode", "dp"]):
         by = [e for _, e in g.groupby("engine")]   # sglang before vllm
-        def each(f) -> str:
-            return " / ".join(f(e) for e in by)
-        rows.append([mode, f"DP{dp}", each(lambda e: e.engine.iloc[0]), each(lambda e: str(len(e))),
-                     each(lambda e: str(int((e.best_fixed_speedup >= 1.05).sum()))),
-                     each(lambda e: f"{e.best_fixed_speedup.max():.2f}"),
-                     each(lambda e: str(int((e.prorsa_speedup >= 1.05).sum()))), each(lambda e: f"{e.prorsa_speedup.max():.2f}")])
+        rows.append([mode, f"DP{dp}", *(" / ".join(f(e) for e in by) for f in columns)])
     return md_table(pd.DataFrame(rows, columns=["mode", "DP", "engine", "cells", "best split >= 1.05x",
                                                 "best split, most", "Prorsa >= 1.05x", "Prorsa, most"]))
 
@@ -297,32 +296,41 @@ def robustness() -> str:
 
 
 def load_map() -> str:
-    """Section 6's load and tool-latency axes (results/reference/regime_map_load.csv): per mode and tool
-    latency, the best split's and Prorsa's speedup over colocation at each load, the range over the four
-    panels (1,000 and 4,000 new tokens, DP4 and DP8)."""
-    df = read(REFERENCE / "regime_map_load.csv", "mode", "tool_s", "load", "best_fixed_speedup", "prorsa_speedup")
+    """Section 6's load and tool-latency axes (results/reference/regime_map_load.csv): per mode, new
+    tokens per turn and tool latency, the best split's and Prorsa's speedup over colocation at each
+    load, the range over the DP sizes ("-" where no cell ran)."""
+    df = read(REFERENCE / "regime_map_load.csv", "mode", "new_tokens", "tool_s", "load", "best_fixed_speedup",
+              "prorsa_speedup")
     def span(v: pd.Series) -> str:
         v = v.dropna()
-        return "-" if v.empty else f"{v.min():.2f}" if v.min() == v.max() else f"{v.min():.2f}-{v.max():.2f}"
-    rows = []
-    for (mode, tool), g in df.groupby(["mode", "tool_s"]):
-        rows.append([mode, f"{tool:g}", *(f"{span(c.best_fixed_speedup)} (P {span(c.prorsa_speedup)})"
-                                          for _, c in g.groupby("load"))])
+        lo, hi = (f"{x:.2f}" for x in (v.min(), v.max())) if not v.empty else ("-", "-")
+        return lo if lo == hi else f"{lo}-{hi}"
     loads = sorted(df.load.unique())
-    return md_table(pd.DataFrame(rows, columns=["mode", "tools (s)", *(f"{n} per GPU: best split (Prorsa)" for n in loads)]))
+    rows = []
+    for (mode, new, tool), g in df.groupby(["mode", "new_tokens", "tool_s"]):
+        rows.append([mode, f"{new:,}", f"{tool:g}", *(f"{span(c.best_fixed_speedup)} (P {span(c.prorsa_speedup)})"
+                                                     for c in (g[g.load == n] for n in loads))])
+    return md_table(pd.DataFrame(rows, columns=["mode", "new tokens", "tools (s)",
+                                                *(f"{n} per GPU: best split (Prorsa)" for n in loads)]))
 
 
 def recipe_loads() -> str:
     """The recipes at published loads on Qwen3-235B, 64 H200 (results/recipe_loads/summary.csv,
-    scripts/recipe_loads.py): the best static allocation over colocation, and Prorsa over the best."""
-    df = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "best", "best/colocate", "prorsa/best")
+    scripts/recipe_loads.py): the best static allocation over colocation, and Prorsa over the best
+    (seed 0; "-" where a load did not run)."""
+    df = read(RESULTS / "recipe_loads" / "summary.csv", "setting", "seed", "best", "best/colocate", "prorsa/best")
+    df = df[df.seed == df.seed.min()]
     df[["recipe", "load"]] = df.setting.str.extract(r"(\w+)_load(\d+)")
     df["load"] = df.load.astype(int)
-    def entry(r) -> str:
+    loads = sorted(df.load.unique())
+    def entry(g: pd.DataFrame, load: int) -> str:
+        r = g[g.load == load]
+        if r.empty:
+            return "-"
+        r = r.iloc[0]
         prorsa = "" if pd.isna(r["prorsa/best"]) else f", P {r['prorsa/best']:.2f}"
         return f"{r['best/colocate']:.2f}x ({r.best}){prorsa}"
-    rows = [[recipe, *(entry(r) for _, r in g.sort_values("load").iterrows())] for recipe, g in df.groupby("recipe", sort=False)]
-    loads = sorted(df.load.unique())
+    rows = [[recipe, *(entry(g, n) for n in loads)] for recipe, g in df.groupby("recipe", sort=False)]
     return md_table(pd.DataFrame(rows, columns=["recipe", *(f"{n} per GPU" for n in loads)]))
 
 

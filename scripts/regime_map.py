@@ -65,6 +65,8 @@ class Grid:
     layout: str = "shape"   # how its figure is drawn (LAYOUTS)
 
 
+# A cell's coordinates, in the order of Grid's fields.
+AXES = ("new_tokens", "output_tokens", "dp", "engine", "mode", "load", "tool_s")
 GRIDS = {
     "full": Grid([100, 1000, 4000, 16000], [50, 500, 2000, 8000], [1, 4, 8, 16], ["vllm", "sglang"], ["sync", "async"]),
     "coarse": Grid([100, 1000, 4000, 16000], [50, 500, 8000], [1, 4, 8, 16], ["vllm", "sglang"], ["sync"]),
@@ -123,7 +125,7 @@ def cells(*grids: str):
         for key in product(g.new, g.out, g.dp, g.engine, g.mode, g.load, g.tool_s):
             if key not in seen:
                 seen.add(key)
-                yield dict(zip(("new_tokens", "output_tokens", "dp", "engine", "mode", "load", "tool_s"), key))
+                yield dict(zip(AXES, key))
 
 
 def cell_name(c: dict) -> str:
@@ -294,18 +296,19 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     layouts = {GRIDS[g].layout for g in args.grid}
     if len(layouts) > 1:
         ap.error(f"--grid {' '.join(args.grid)}: one map draws grids of one layout (shape or load), not both")
     grid = list(cells(*args.grid))
-    lay = LAYOUTS[next(iter(layouts))]
-    held = [k for k in ("new_tokens", "output_tokens", "dp", "engine", "load", "tool_s")
-            if k not in (*lay.panel, lay.x, lay.y) and len({c[k] for c in grid}) > 1]
+    name = next(iter(layouts))
+    lay = LAYOUTS[name]
+    # a figure per mode; every other axis is drawn, or must hold one value
+    held = [k for k in AXES if k not in (*lay.panel, lay.x, lay.y, "mode") and len({c[k] for c in grid}) > 1]
     if held:
-        ap.error(f"--grid {' '.join(args.grid)}: the {lay.file.split('_{')[0]} figure draws one value of "
+        ap.error(f"--grid {' '.join(args.grid)}: the {name} layout's figure draws one value of "
                  f"{', '.join(held)}; these grids hold several")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
         run_cells(out, grid, args.ray)
     import pandas as pd

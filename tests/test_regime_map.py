@@ -63,8 +63,9 @@ def test_the_load_axes_set_the_batch_the_trajectories_in_flight_and_the_tools():
 
 def test_grids_whose_figure_would_hold_two_values_of_an_undrawn_axis_are_refused(tmp_path):
     """The load figure draws one output length and one engine: load (500 output tokens) with load_smoke
-    (50) is refused before anything runs, naming the axis."""
-    res = subprocess.run([sys.executable, "scripts/regime_map.py", str(tmp_path), "--grid", "load", "load_smoke"],
+    (50) is refused before anything runs or is written, naming the axis."""
+    out = tmp_path / "map"
+    res = subprocess.run([sys.executable, "scripts/regime_map.py", str(out), "--grid", "load", "load_smoke"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "output_tokens" in res.stderr and "Traceback" not in res.stderr
-    assert not any(tmp_path.iterdir())
+    assert not out.exists()

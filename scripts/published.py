@@ -40,6 +40,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from harness.api import Role  # noqa: E402
 from harness.cluster import cluster_from_config, parallel_cost_model  # noqa: E402
 from harness.experiment import run_experiment  # noqa: E402
+from harness.perf.catalogue import WEIGHT_BYTES, model_catalogue  # noqa: E402
 
 SOURCES = ROOT / "results" / "reference" / "published_sources.csv"
 OUT = ROOT / "results" / "reference"
@@ -49,9 +50,38 @@ log = logging.getLogger("published")
 GPUS_PER_NODE = 8
 FP8 = ["++cluster.weight_dtype=fp8"]   # every point here ran FP8 GEMMs with FP8 weights (see each source)
 QWEN235 = ["cluster=qwen235_h200", "cluster.num_engines=1", "policy=colocate"]   # attention DP8 + EP8
-# TensorRT-LLM's in-flight batching limits where trtllm-bench does not set them: max_batch_size 2048,
-# max_num_tokens 8192 (tensorrt_llm BuildConfig defaults); decode-first mixed steps, as vLLM's.
-TRTLLM = ["cluster.max_num_seqs=2048", "cluster.max_num_batched_tokens=8192", "cluster.engine=vllm"]
+# TensorRT-LLM's steps as vLLM's (decode first, then prefill within the token budget); its batch limits are
+# the ones trtllm-bench picks (`trtllm_bench_limits`).
+TRTLLM = ["cluster.engine=vllm"]
+# trtllm-bench's KV share of the memory left after the weights: its --kv_cache_free_gpu_mem_fraction default
+# (NVIDIA/TensorRT-LLM tensorrt_llm/bench/benchmark/utils/general.py @0171265e).
+TRTLLM_KV_FRACTION = 0.90
+# The memory NVML reports, which trtllm-bench's rule reads (nvidia-smi memory.total: H100 SXM 80GB HBM3
+# 81,559 MiB, H200 143,771 MiB), a little above the datasheets' 80 GB and 141 GB.
+NVML_TOTAL_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
+
+
+def _round_up(x: float, step: int) -> int:
+    return int(-(-x // step) * step)
+
+
+def trtllm_bench_limits(model: str, gpu: str, tp: int, isl: int, osl: int) -> list[str]:
+    """max_batch_size and max_num_tokens as `trtllm-bench throughput` sets them when the command gives
+    neither (the perf overview's runs): as many requests as the KV memory holds at ISL + OSL tokens each,
+    rounded up, and a token budget of the batch's share of prompt tokens, at least the longest prompt plus
+    the batch (no chunked prefill). NVIDIA/TensorRT-LLM tensorrt_llm/bench/build/tuning.py @04cba882
+    (`calc_engine_setting`, `finetune_setting`). KV in BF16 (the simulator's KV dtype); attention DP is
+    not in that rule, and its limits apply to each attention rank."""
+    spec, mem = model_catalogue()[model], NVML_TOTAL_BYTES[gpu]
+    kv_per_token = 2 * spec.layers * max(tp, spec.kv_heads) * spec.head_dim * 2
+    weight_bytes = spec.total_params * WEIGHT_BYTES["fp8"]
+    requests = (mem * tp - weight_bytes) * TRTLLM_KV_FRACTION / (kv_per_token * (isl + osl))
+    raw = min(requests, 4096)
+    bs = max(_round_up(raw, 32), 64) if raw < 256 else _round_up(raw, 128) if raw < 1024 else _round_up(raw, 256)
+    tokens = min(raw * (1 + isl / osl), 32768)
+    tokens = (max(_round_up(tokens, 256), 2048) if tokens < 4096 else _round_up(tokens, 512) if tokens < 8192
+              else _round_up(tokens, 1024))
+    return [f"cluster.max_num_seqs={bs}", f"cluster.max_num_batched_tokens={max(tokens, isl + bs)}"]
 
 
 def dense_engine(model: str, gpu: str, tp: int) -> list[str]:
@@ -113,19 +143,23 @@ def ranks(total: int, n: int) -> list[int]:
 
 POINTS: list = [
     Point("trtllm_qwen3235ba22b_h100_1000_1000",
-          QWEN235 + ["cluster.gpu=h100"] + TRTLLM + FP8 + requests(3000, 1000, 1000),
+          QWEN235 + ["cluster.gpu=h100"] + TRTLLM + trtllm_bench_limits("qwen3_235b_a22b", "h100", 8, 1000, 1000) + FP8
+          + requests(3000, 1000, 1000),
           lambda s: s["output_tokens_per_s"],
           "serve: 1 engine of 8 H100, attention DP8 + EP8, FP8 weights, TensorRT-LLM batch limits; 3000 requests "
           "1000/1000 at rate inf; output tokens/s"),
-    Point("trtllm_qwen3235ba22b_h200_1000_1000", QWEN235 + TRTLLM + FP8 + requests(3000, 1000, 1000),
+    Point("trtllm_qwen3235ba22b_h200_1000_1000",
+          QWEN235 + TRTLLM + trtllm_bench_limits("qwen3_235b_a22b", "h200", 8, 1000, 1000) + FP8 + requests(3000, 1000, 1000),
           lambda s: s["output_tokens_per_s"],
           "serve: 1 engine of 8 H200, attention DP8 + EP8, FP8 weights, TensorRT-LLM batch limits; 3000 requests "
           "1000/1000 at rate inf; output tokens/s"),
-    Point("trtllm_qwen3235ba22b_h200_5000_500", QWEN235 + TRTLLM + FP8 + requests(1500, 5000, 500),
+    Point("trtllm_qwen3235ba22b_h200_5000_500",
+          QWEN235 + TRTLLM + trtllm_bench_limits("qwen3_235b_a22b", "h200", 8, 5000, 500) + FP8 + requests(1500, 5000, 500),
           lambda s: s["output_tokens_per_s"],
           "serve: 1 engine of 8 H200, attention DP8 + EP8, FP8 weights, TensorRT-LLM batch limits; 1500 requests "
           "5000/500 at rate inf; output tokens/s"),
-    *[Point(f"trtllm_{name}_{gpu}_{p}_{o}", dense_engine(model, gpu, tp) + requests(n, p, o),
+    *[Point(f"trtllm_{name}_{gpu}_{p}_{o}",
+            dense_engine(model, gpu, tp) + trtllm_bench_limits(model, gpu, tp, p, o) + requests(n, p, o),
             lambda s: s["output_tokens_per_s"],
             f"serve: 1 engine of {tp} {gpu.upper()}, TP{tp}, FP8 weights (KV BF16), TensorRT-LLM batch limits; "
             f"{n} requests {p}/{o} at rate inf; output tokens/s")

@@ -31,3 +31,16 @@ def test_a_decode_point_whose_batch_does_not_fit_is_refused_by_name():
         decode_point(DecodePoint("too_big", bf16, [256] * 72, 2000, ""))
     value, _ = decode_point(DecodePoint("fits", deepseek_unit("h100", 72, 256, 16384), [256] * 72, 2000, ""))
     assert value > 0
+
+
+def test_trtllm_bench_limits_known_answers():
+    """trtllm-bench's rule, by hand. Llama-3.1-8B, one H100, 1000/1000: KV 2*32*8*128*2 = 131,072 B/token;
+    (81,559 MiB - 8.03 GB of FP8 weights) * 0.90 / (131,072 * 2,000) = 266.0 requests -> 384 (>= 256: to
+    a multiple of 128); tokens 266.0 * 2 = 532 -> 2,048 (the floor), above 1,000 + 384. Qwen3-235B, 8 H200,
+    5000/500: KV 2*94*max(8, 4)*128*2 = 385,024 B/token; (8 * 143,771 MiB - 235 GB) * 0.90 / (385,024 *
+    5,500) = 412.7 -> 512; tokens 412.7 * 11 = 4,540 -> 4,608 (a multiple of 512), below 5,000 + 512."""
+    from scripts.published import trtllm_bench_limits
+    assert trtllm_bench_limits("llama3_1_8b", "h100", 1, 1000, 1000) == [
+        "cluster.max_num_seqs=384", "cluster.max_num_batched_tokens=2048"]
+    assert trtllm_bench_limits("qwen3_235b_a22b", "h200", 8, 5000, 500) == [
+        "cluster.max_num_seqs=512", "cluster.max_num_batched_tokens=5512"]

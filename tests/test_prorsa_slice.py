@@ -11,7 +11,7 @@ from harness.prorsa.planner import Planner
 from harness.prorsa.slice import ClusterSlice, cluster_split, home, scaled, thinned
 from harness.allocation import COLOCATED, roles_for
 from harness.prorsa.tracker import Phase, TrajectoryState
-from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+from harness.prorsa.forecast import FutureTrajectory, FutureTurn
 from harness.rollout import ModeConfig
 from harness.routing import PrefixTracker
 from tests.conftest import cluster_of, load_config, simulate
@@ -238,5 +238,5 @@ def test_small_batches_thinned_add_up_to_the_whole_and_keep_new_ids_negative():
     policy, _ = started(["+experiment=tooluse_async", "policy=prorsa", "policy.initial=colocated",
                          "workload.batch_size=2", "mode.num_steps=16", "mode.max_in_flight=256"])
     count = policy._scaled(256, 32)
-    drawn = policy._scheduled(policy._sampler(0.0), 0, 256, -1 - count, np.random.default_rng(0), weight=32)
+    drawn = policy._scheduled(policy.future_model(0.0), 0, 256, -1 - count, np.random.default_rng(0), weight=32)
     assert count == 8 and [ft.trajectory_id for ft in drawn] == list(range(-9, -1))

@@ -16,7 +16,7 @@ from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import WhatIf
 from harness.routing import PrefixTracker
-from tests.conftest import cluster_of, load_config, simulate
+from tests.conftest import cluster_of, load_config, policy_of, simulate
 
 # Deterministic priors (sigma 0) of the family "fam": every prior sample equals the median.
 FAM = FamilyPriors(prompt_tokens=LogNormalPrior(100, 0), output_tokens=LogNormalPrior(40, 0),
@@ -1209,9 +1209,9 @@ def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_ch
     plan whose target fails the sync check (here the fifth: over its fresh samples 0.99 s against
     staying's 1.0 s, inside the 5% hysteresis). Each check gets `check_samples` samples."""
     from harness.prorsa.planner import Decision
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=2, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    policy = policy_of("prorsa", confirm_plans=2, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
+                       initial="colocated")
     policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
     policy.tracker.started = policy._starts_seen = 1
@@ -1279,10 +1279,9 @@ def test_a_switch_whose_check_fails_starts_its_evidence_again():
     1.0 s, inside the 5% hysteresis), the target's evidence is dropped (Planner.reject) and no switch is
     made; the next plan's wish is made at once (its evidence is the planner's to add up)."""
     from harness.prorsa.planner import Decision
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=2, switch_rule="evidence", check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
-                    initial="colocated")
+    policy = policy_of("prorsa", confirm_plans=2, switch_rule="evidence", check_samples=3, replan_interval_s=1.0,
+                       min_dwell_s=0.0, initial="colocated")
     policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
     policy.tracker.started = policy._starts_seen = 1
@@ -1312,9 +1311,9 @@ def test_async_switch_is_checked_on_fresh_samples_when_it_drains_or_reloads(mech
     4 started: 4); with kv_both (a router update) the plan's own sample decides. Staying scores 1.0 on
     the fresh samples and the target 0.99, inside the 5% hysteresis: no switch where it is checked."""
     from harness.prorsa.planner import Decision
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=1, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    policy = policy_of("prorsa", confirm_plans=1, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
+                       initial="colocated")
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"fam": FAM})
     policy.initial_roles(cluster_of(HEAVY + [f"cluster.switch_mechanism={mechanism}"]), run)
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, i, 0, detail="fam") for i in range(4)]
@@ -1355,11 +1354,10 @@ def test_async_start_samples_the_whole_run_in_groups_with_output_levels(steps, w
     each trajectory's output level, `initial_max_samples` times from the first, and scored by its last
     end; a run of 32 by `initial_samples` samples of 16 trajectories drawn one by one, scored by their
     mean end."""
-    from harness.prorsa.policy import Prorsa
     prior = replace(FAM, prompt_tokens=LogNormalPrior(100, 1.0), output_shared=0.5)
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=4, num_steps=steps, priors={"fam": prior},
                   group_size=2)
-    policy = Prorsa(initial_samples=1, initial_max_samples=2)
+    policy = policy_of("prorsa", initial_samples=1, initial_max_samples=2)
     seen = {}
 
     def initial(samples, max_in_flight, hedges, more, max_samples, present, to_end):
@@ -1382,10 +1380,9 @@ def test_initial_plan_hedges_only_where_the_declared_mix_changes(second, hedged)
     """Two families, 50:50 in step 0: the start is hedged against each family alone (one hedge per
     family) when step 1 declares another mix, and not when it declares the same one (a stationary
     trace, or a schedule of one entry)."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
                   step_weights=[{"a": 0.5, "b": 0.5}, second])
-    policy = Prorsa(initial_samples=1, initial_max_samples=1)
+    policy = policy_of("prorsa", initial_samples=1, initial_max_samples=1)
     seen = {}
 
     def initial(samples, max_in_flight, hedges, more, max_samples, present, to_end):
@@ -1404,10 +1401,9 @@ def test_sync_step_start_is_planned_for_a_declared_mix_change(second, planned):
     planned, for its own declared mix, when that mix differs from the one the start was planned for,
     and starts where the last one did when it is the same."""
     from harness.api import EngineState
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
                   step_weights=[{"a": 0.5, "b": 0.5}, second])
-    policy = Prorsa()
+    policy = policy_of("prorsa")
     policy.initial = "colocated"
     cluster = cluster_of(HEAVY)
     policy.initial_roles(cluster, run)
@@ -1435,7 +1431,6 @@ def test_hedged_sync_start_is_the_launch_and_the_first_step_is_planned_for_its_o
     where the mix never changes (the start was planned for it)."""
     from harness.api import EngineState
     from harness.prorsa.planner import Planner
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
                   step_weights=[{"a": 0.5, "b": 0.5}, second])
     hedges = []
@@ -1444,7 +1439,7 @@ def test_hedged_sync_start_is_the_launch_and_the_first_step_is_planned_for_its_o
         hedges.append(len(hedged))
         return COLOCATED, {COLOCATED: 1.0}
     monkeypatch.setattr(Planner, "initial", initial)
-    policy = Prorsa(initial_samples=1, initial_max_samples=1, switching=switching)
+    policy = policy_of("prorsa", initial_samples=1, initial_max_samples=1, switching=switching)
     cluster = cluster_of(HEAVY)
     policy.initial_roles(cluster, run)
     assert hedges == [2 if second["a"] != 0.5 else 0]
@@ -1501,8 +1496,7 @@ def test_remaining_work_priority_known_answer():
     """`priority: remaining_work` with deterministic priors (every trajectory 5 turns of 40 tokens, a
     3-s tool call after each): from turn k a trajectory has 5 - k turns left, each 40 x tpot + 3 s; a
     route's priority is minus that (most work left first)."""
-    from harness.prorsa.policy import Prorsa
-    policy = Prorsa(priority="remaining_work", initial="colocated")
+    policy = policy_of("prorsa", priority="remaining_work", initial="colocated")
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), RUN)
     per_turn = 40 * policy._tpot() + 3.0
     left = policy._work_left["fam"]
@@ -1520,10 +1514,9 @@ def test_new_trajectories_follow_the_declared_mix_of_their_batch(mix_forecast, f
     start next (the run's 8 minus 2). With the declared schedule the next two are a (the rest of batch
     0) and the four after them b; with the window of recent starts (fewer than mix_window yet), the
     step-0 mix: all a."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=6, num_steps=2,
                   priors={"a": FAM, "b": FAM}, step_weights=[{"a": 1.0}, {"b": 1.0}])
-    policy = Prorsa(initial="colocated", mix_forecast=mix_forecast)
+    policy = policy_of("prorsa", initial="colocated", mix_forecast=mix_forecast)
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 2
     new = policy._new(policy.future_model(0.0), np.random.default_rng(0))
@@ -1535,10 +1528,9 @@ def test_next_step_of_the_forecast_is_the_next_batch_in_its_mix():
     """Sync, 4 trajectories per step in groups of 2, step 0 family a, step 1 family b: during step 0 the
     forecast's next step is 4 trajectories of b; during the
     last step, and in async, there is none."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, group_size=2,
                   priors={"a": FAM, "b": FAM}, step_weights=[{"a": 1.0}, {"b": 1.0}])
-    policy = Prorsa(initial="colocated")
+    policy = policy_of("prorsa", initial="colocated")
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 4
     batch = policy._next_step(policy.future_model(0.0), np.random.default_rng(0))()
@@ -1580,9 +1572,8 @@ def test_async_plan_scores_the_last_end_once_it_covers_the_runs_end():
 def test_plan_covers_the_runs_end_once_the_rest_fits_in_flight():
     """8 trajectories in 2 batches, 3 in flight at most: with 5 started, 3 are left (the rest fits in one
     rolling set); with 4 started, 4 are left."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=3, num_steps=2, priors={"a": FAM})
-    policy = Prorsa(initial="colocated")
+    policy = policy_of("prorsa", initial="colocated")
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 4
     assert not policy._to_end()
@@ -1643,7 +1634,6 @@ def test_forecast_work_placement_spreads_first_turns_by_forecast_decode_work():
     and after trajectory 2 ends (200 tokens off engine 2) the next first turn goes to engine 2. A
     migrated decode takes its work with it."""
     from harness.api import EngineState, TurnRequest
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.placement import DecodeWork, turns_left_factor
     assert turns_left_factor(np.full(10, 5.0), 8) == pytest.approx([5, 4, 3, 2, 1, 1, 1, 1])
     roles = [Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE]
@@ -1656,10 +1646,10 @@ def test_forecast_work_placement_spreads_first_turns_by_forecast_decode_work():
     def placed(policy, requests):
         return [policy.route(r, view).decode_engine for r in requests]
 
-    shared = Prorsa(initial="colocated")
+    shared = policy_of("prorsa", initial="colocated")
     shared.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=4"]), RUN)
     assert placed(shared, [turn(t) for t in range(1, 7)]) == [1] * 6
-    policy = Prorsa(initial="colocated", placement="forecast_work")
+    policy = policy_of("prorsa", initial="colocated", placement="forecast_work", plan_per_engine=None)
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=4"]), RUN)
     assert policy.work.left["fam"][:6] == pytest.approx([200, 160, 120, 80, 40, 40])
     assert placed(policy, [turn(t) for t in range(1, 7)]) == [1, 2, 3, 1, 2, 3]

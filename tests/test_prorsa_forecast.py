@@ -5,14 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from harness.prorsa.forecast import FutureModel, FutureTrajectory, FutureTurn
 from harness.prorsa.policy import Prorsa
-from tests.conftest import load_config, scripts_of, simulate
+from tests.conftest import policy_of, scripts_of, simulate
 
-SMALL = ["workload=synthetic", "workload.batch_size=6", "workload.group_size=4", "mode=sync", "mode.num_steps=2",
-         "policy=prorsa", "policy.plan_workers=1"]
+SMALL = ["workload=synthetic", "workload.batch_size=6", "workload.group_size=4", "mode=sync", "mode.num_steps=2"]
 
 
 class OneTurn:
@@ -54,9 +52,9 @@ class OneTurnProrsa(Prorsa):
         return self.models[-1]
 
 
-def run(policy_class: type[Prorsa]) -> tuple[Prorsa, object, object]:
-    keys = OmegaConf.to_container(load_config(SMALL).policy, resolve=True)
-    policy = policy_class(**{k: v for k, v in keys.items() if k != "_target_"})
+def run(**overrides) -> tuple[Prorsa, object, object]:
+    """A rollout of SMALL with Prorsa as configs/policy/prorsa.yaml builds it, with `overrides`."""
+    policy = policy_of("prorsa", plan_workers=1, **overrides)
     result, df, _ = simulate(SMALL, policy=policy)
     return policy, result, df
 
@@ -70,11 +68,11 @@ def test_a_trivial_forecast_plugs_in_and_drives_the_plans():
     """The plans sample the trivial model (live and new trajectories), the rollout completes every
     trajectory, and its forecasts differ from the default model's: with no turn after the next, they
     expect fewer prompt tokens to become ready."""
-    trivial, result, df = run(OneTurnProrsa)
+    trivial, result, df = run(_target_=f"{__name__}.OneTurnProrsa")
     assert sum(m.calls["live"] for m in trivial.models) > 0 and sum(m.calls["new"] for m in trivial.models) > 0
     scripts = scripts_of(SMALL)
     assert result.trajectories == len(scripts) and df["t_decode_end"].notna().all()
     assert len(df) == sum(len(s.turns) for s in scripts)
-    default, _, _ = run(Prorsa)
+    default, _, _ = run()
     assert trivial.forecast_log.history and default.forecast_log.history
     assert mean_prefill_forecast(trivial) < mean_prefill_forecast(default)

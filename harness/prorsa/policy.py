@@ -91,16 +91,14 @@ def same_mix(a: list[float], b: list[float]) -> bool:
 class Prorsa(Policy):
     name = "prorsa"
 
-    def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,
-                 bins: int = 5, hysteresis: float = 0.05, min_dwell_s: float = 10.0, min_observations: int = 30,
-                 allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
-                 max_candidates: int = 8, mix_window: int = 128,
-                 confirm_plans: int = 2, switch_rule: str = "consecutive", check_samples: int = 4,
-                 priority: str = "fcfs",
-                 mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
-                 plan_events_per_s: float = 85000.0, plan_engines: int = 32, plan_workers: int | str = "auto",
-                 plan_per_engine: int | None = None, model: Mapping | None = None, priors: str = "workload", seed: int = 0, name: str = "prorsa"):
+    def __init__(self, *, control_interval_s: float, replan_interval_s: float, horizon_s: float, bins: int,
+                 hysteresis: float, min_dwell_s: float, min_observations: int, allow_colocated: bool, forecast: bool,
+                 switching: bool, initial: str, initial_samples: int, initial_max_samples: int, max_candidates: int,
+                 mix_window: int, confirm_plans: int, switch_rule: str, check_samples: int, priority: str,
+                 mix_forecast: str, placement: str, plan_latency: float | str, plan_events_per_s: float,
+                 plan_engines: int, plan_workers: int | str, plan_per_engine: int | None, model: Mapping | None,
+                 priors: str, seed: int, name: str = "prorsa"):
+        """Every setting's default lives in configs/policy/prorsa.yaml, so none is written here."""
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s

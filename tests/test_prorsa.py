@@ -11,6 +11,7 @@ from harness.api import LifecycleEvent as E
 from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, Route, RunInfo
 from harness.prorsa.forecast import future_sampler
 from harness.prorsa.forecast_log import Forecast, ForecastLog
+from harness.prorsa.mode_rules import ASYNC, rules_for
 from harness.prorsa.planner import Planner, critical_path_floor
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
@@ -373,7 +374,7 @@ def test_a_start_bound_by_its_critical_path_runs_only_staying():
     split, scores = bound.initial(samples, 64)
     assert split == COLOCATED and set(scores) == {COLOCATED}
     full = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
-    full.on_mean_end = lambda to_end: True   # no floor: every candidate is run, each scored by its last end
+    full.rules = ASYNC   # the mean end's rule, no floor: every candidate is run, each scored by its last end
     full.score = lambda outcome, to_end=False: outcome.completion_s
     whole_split, whole = full.initial(samples, 64)
     assert whole_split == COLOCATED and set(whole) == {COLOCATED, 1, 2, 3}
@@ -515,7 +516,7 @@ def test_initial_plan_hedges_against_another_mix():
     split whose worst ratio to each mix's best is smallest: 2P (max(95/90, 120/100) = 1.2)."""
     table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
     planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     assert planner.initial([one_new("a")], 8)[0] == 1
     assert planner.initial([one_new("a")], 8, hedges=[one_new("a"), one_new("b")])[0] == 2
 
@@ -530,7 +531,7 @@ def test_screened_start_races_its_finalists_against_every_candidates_best():
     finalists' best alone, 3P would win (max(108/96, 1.0) = 1.125 against 1.135)."""
     screen_table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
     planner = Planner(cluster_of(HEAVY), MixWhatIf(screen_table), hysteresis=0.05, allow_colocated=True,
-                      max_candidates=8, mode="async")
+                      max_candidates=8, rules=ASYNC)
     hedges = [one_new("a"), one_new("b")]
     assert planner.initial([one_new("a")], 8, hedges=hedges)[0] == 2
     screen = planner.screen()
@@ -554,7 +555,7 @@ def test_initial_plan_takes_colocation_within_the_tolerance():
     def start(colocated: float) -> int:
         table = {"a": {COLOCATED: colocated, 1: 100.0, 2: 103.0, 3: 110.0}}
         planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True,
-                          max_candidates=8, mode="async")
+                          max_candidates=8, rules=ASYNC)
         return planner.initial([one_new("a")], 8)[0]
     assert start(100.9) == COLOCATED
     assert start(101.1) == 1
@@ -579,7 +580,7 @@ def test_initial_plan_samples_no_further_the_candidates_out_of_reach():
             return super().run(futures, roles_now, roles, new, max_in_flight, **bound)
     whatif = Recorded(table)
     planner = Planner(cluster_of(HEAVY), whatif, hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     drawn = iter(range(3, 6))
     split, scores = planner.initial([one_new(f"s{i}") for i in range(3)], 8, more=lambda: one_new(f"s{next(drawn)}"),
                                     max_samples=6)
@@ -1154,7 +1155,7 @@ def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
     100 for "b") is taken. Without hedges: 1P3D."""
     table = {"a": {COLOCATED: 100, 1: 80, 2: 90, 3: 100}, "b": {COLOCATED: 100, 1: 300, 2: 100, 3: 100}}
     planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     hedges = [one_new("a"), one_new("b")]
     view = engines([Role.PREFILL] * 3 + [Role.DECODE])
     assert planner.decide(view, 3, [], one_new("a"), 8).split == 1
@@ -1341,7 +1342,7 @@ def test_async_start_on_the_whole_run_is_scored_by_its_last_end():
     one sampled on the whole run (`to_end`) takes colocation (the run's end)."""
     table = {COLOCATED: (55.0, 180.0), 1: (90.0, 300.0), 2: (50.0, 200.0), 3: (70.0, 260.0)}
     planner = Planner(cluster_of(HEAVY), EndsWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     assert planner.initial([one_new("a")], 8)[0] == 2
     split, scores = planner.initial([one_new("a")], 8, to_end=True)
     assert split == COLOCATED and scores == {k: last for k, (_, last) in table.items()}
@@ -1539,6 +1540,7 @@ def test_next_step_of_the_forecast_is_the_next_batch_in_its_mix():
     policy.tracker.started = 8
     assert policy._next_step(policy.future_model(0.0), np.random.default_rng(0)) is None
     policy.run = replace(run, mode="async")
+    policy.rules = rules_for(policy.run)
     policy.tracker.started = 4
     assert policy._next_step(policy.future_model(0.0), np.random.default_rng(0)) is None
 
@@ -1563,7 +1565,7 @@ def test_async_plan_scores_the_last_end_once_it_covers_the_runs_end():
     (1P3D); once the plan holds the rest of the run, the run ends with its last trajectory (2P2D)."""
     table = {COLOCATED: (120, 400), 1: (50, 200), 2: (60, 100), 3: (100, 300)}
     planner = Planner(cluster_of(HEAVY), EndsWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     view = engines([Role.PREFILL] * 3 + [Role.DECODE])
     assert planner.decide(view, 3, [], [], 8).split == 1
     assert planner.decide(view, 3, [], [], 8, to_end=True).split == 2

@@ -26,6 +26,7 @@ from harness.cluster import ClusterConfig
 from harness.stats import t975
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.forecast import FutureTrajectory
+from harness.prorsa.mode_rules import SYNC, ModeRules
 from harness.prorsa.whatif import Outcome, WhatIf, decode_floor_s
 from harness.prorsa.workers import PlanWorkers
 
@@ -54,9 +55,9 @@ class Screen:
 
 class Planner:
     def __init__(self, cluster: ClusterConfig, whatif: WhatIf, hysteresis: float, allow_colocated: bool,
-                 max_candidates: int, mode: str = "sync", confirm_plans: int = 1, switch_rule: str = "consecutive",
-                 workers: PlanWorkers = PlanWorkers(1)):
-        self.cluster, self.whatif, self.mode, self.workers = cluster, whatif, mode, workers
+                 max_candidates: int, rules: ModeRules = SYNC, confirm_plans: int = 1,
+                 switch_rule: str = "consecutive", workers: PlanWorkers = PlanWorkers(1)):
+        self.cluster, self.whatif, self.rules, self.workers = cluster, whatif, rules, workers
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates, self.confirm_plans, self.switch_rule = max_candidates, confirm_plans, switch_rule
         self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
@@ -67,15 +68,10 @@ class Planner:
         self._unweighed: tuple[dict[int, float], int | None] | None = None   # both before the last `weigh`
         self.decode_floor_s = decode_floor_s(cluster)
 
-    def on_mean_end(self, to_end: bool) -> bool:
-        """Whether a plan scores the mean end: in async RL, until the rolling set is the rest of the run
-        (`to_end`); from then on the run ends with its last trajectory, as a sync step does."""
-        return self.mode != "sync" and not to_end
-
     def score(self, outcome: Outcome, to_end: bool = False) -> float:
         """Sync, and async once the plan covers the run's end: the last end; async before: the mean end of
         the rolling set."""
-        return outcome.mean_end_s if self.on_mean_end(to_end) else outcome.completion_s
+        return outcome.mean_end_s if self.rules.on_mean_end(to_end) else outcome.completion_s
 
     def scored_run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
                    new: list[FutureTrajectory], max_in_flight: int, launched: list[Role] | None,
@@ -83,7 +79,7 @@ class Planner:
         """The score of one what-if run to its end (no bound) under `roles`, reached from `roles_now`
         (`step_start`: between two sync steps, WhatIf.run)."""
         return self.score(self.whatif.run(futures, roles_now, roles, new, max_in_flight,
-                                          on_mean_end=self.on_mean_end(to_end), launched_as=launched,
+                                          on_mean_end=self.rules.on_mean_end(to_end), launched_as=launched,
                                           step_start=step_start), to_end)
 
     def runs(self, run: Callable[..., float], tasks: list[tuple]) -> list[float]:
@@ -114,7 +110,7 @@ class Planner:
         allocation can beat staying by the hysteresis, so no other candidate is run; this returns for how
         long that holds if the world goes as sampled (both shrink by the time t that passes:
         floor - t >= (1 - h)(end - t) while t <= (floor - (1 - h) end) / h). None: not settled."""
-        if self.on_mean_end(to_end):
+        if self.rules.on_mean_end(to_end):
             return None
         slack = critical_path_floor(trajectories, self.decode_floor_s) - (1 - self.hysteresis) * self.score(staying, to_end)
         if slack < 0:
@@ -150,8 +146,9 @@ class Planner:
             bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             bounds[split] = bound
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
-                                              new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
-                                              launched_as=launched, then=then if split == current else None)
+                                              new, max_in_flight, bound=bound,
+                                              on_mean_end=self.rules.on_mean_end(to_end), launched_as=launched,
+                                              then=then if split == current else None)
             closed_for = self.settled([*futures, *new], outcomes[current], to_end) if split == current else None
             if closed_for is not None:
                 self._last = {current: self.score(outcomes[current], to_end)}
@@ -298,7 +295,7 @@ class Planner:
         own: dict[int, list[float]] = {}
         stay = current if current is not None else COLOCATED if self.allow_colocated and not hedges else None
         stay = stay if stay in splits else None
-        if stay is not None and not self.on_mean_end(to_end):
+        if stay is not None and not self.rules.on_mean_end(to_end):
             # each sample's critical-path floor is below every candidate's score on it: when staying's mean
             # is that close to the floors' mean, the rules below keep `stay` whatever the other candidates
             # score, so they are not run

@@ -42,6 +42,7 @@ from harness.cluster import ClusterConfig, cost_model, is_number
 from harness.policy import Policy
 from harness.prorsa.forecast import FutureModel, FutureTrajectory, FutureTurn, future_sampler
 from harness.prorsa.forecast_log import Forecast, ForecastLog
+from harness.prorsa.mode_rules import ModeRules, rules_for
 from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
 from harness.prorsa.planner import Decision, Planner, decode_left
@@ -55,12 +56,6 @@ from harness.sim.backend import nested_runs
 
 log = logging.getLogger(__name__)
 
-
-# Async: the start is scored on this many sets of `max_in_flight` trajectories. The first set starts on
-# an empty cluster and the allocations tie on it; the later ones start as slots free up, so their ends
-# carry each allocation's throughput, which sets an async run's time (docs/decisions/
-# 2026-12-07-prorsa-rules.md, R2).
-INITIAL_IN_FLIGHT_SETS = 4
 
 # A plan settled by the critical-path floor says how long the choice stays closed if the world goes as
 # its one sample of the futures says (Planner.settled); the next plan is due then, but after at most this
@@ -146,6 +141,7 @@ class Prorsa(Policy):
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         run = with_priors(run, self.priors)
         self.run, self.cluster = run, cluster
+        self.rules: ModeRules = rules_for(run)   # what the run's mode sets (mode_rules.py)
         self.balance = Balance.of(cluster)
         planned = self.model.cluster(cluster)   # what the what-if simulates (model.py)
         if cluster.num_engines > self.plan_engines:   # a slice of it (slice.py)
@@ -153,7 +149,7 @@ class Prorsa(Policy):
             self.slice_share = self.plan_engines / cluster.num_engines
         whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins, staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
-                               run.mode, self.confirm_plans, self.switch_rule, self.workers)
+                               self.rules, self.confirm_plans, self.switch_rule, self.workers)
         self.forecast_log = ForecastLog(self.horizon_s, self.bins)
         # a thinned rank holds 1/weight of its KV, and one trajectory of the longest context the run allows
         rank_kv = min(cost_model(planned, r).kv_capacity_tokens(planned.memory_fraction, planned.activation_reserve_bytes)
@@ -201,7 +197,7 @@ class Prorsa(Policy):
         """The what-if simulates each trajectory as `weight` of them, its run's counts at that share."""
         whatif = self.planner.whatif
         whatif.weight = weight
-        whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.run.mode == "async" else 0
+        whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.rules.updates_in_flight else 0
         whatif.total = self._scaled(self.run.total_trajectories)
 
     @property
@@ -265,10 +261,10 @@ class Prorsa(Policy):
         return float(self.plan_latency)
 
     def _plan(self, view: ClusterView) -> dict[int, Role] | None:
-        if self.run.mode == "sync" and not self.tracker.live and self.tracker.started < self.run.total_trajectories:
+        if self.rules.steps and not self.tracker.live and self.tracker.started < self.run.total_trajectories:
             return self._plan_step(view)
         self.forecast_log.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
-        new_step = self.run.mode == "sync" and self.tracker.started > self._starts_seen
+        new_step = self.rules.steps and self.tracker.started > self._starts_seen
         if not (new_step or view.now >= self._next_plan) or not self.tracker.live:
             return None
         current = current_split(view)
@@ -286,7 +282,7 @@ class Prorsa(Policy):
         wants is decided again by the plan in full, on the same sample of the live trajectories
         (docs/decisions/2026-12-07-confirmed-switch.md)."""
         # an async rolling phase holds `max_in_flight` on the engines at once, as the start's does
-        thin = self.planner.on_mean_end(self._to_end())
+        thin = self.rules.on_mean_end(self._to_end())
         self.tracker.count_generated(view.now, view.generated_tokens())
         sampler = self.future_model(view.now)
         self._forecast_work_left(sampler)
@@ -351,8 +347,8 @@ class Prorsa(Policy):
         if not self.use_forecast:
             return Sample(self._present(now, part), [], [], None, rng)
         live = self._live(sampler, now, rng, part)
-        new = self._new(sampler, rng) if self.run.mode == "async" else []
-        hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
+        new = self._new(sampler, rng) if self.rules.samples_starts else []
+        hedges = self._hedges(sampler, rng) if self.rules.samples_starts and len(self.families) > 1 else []
         then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
         return Sample(live, new, hedges, then, rng)
 
@@ -379,12 +375,12 @@ class Prorsa(Policy):
         kv_both an async switch is a router update, and a wrong one is undone at the next plan for
         nothing (docs/decisions/2026-12-07-prorsa-rules.md, R4). With `forecast: false` a plan has no
         sample (the present only)."""
-        async_priced = self.run.mode == "async" and self.cluster.switch_mechanism != "kv_both"
-        if not (self.run.mode == "sync" or async_priced) or not self.check_samples or not self.use_forecast:
+        if not self.rules.checks_switch(self.cluster) or not self.check_samples or not self.use_forecast:
             return True
-        samples = [(self._live(sampler, view.now, rng, part), self._new(sampler, rng) if async_priced else [])
+        starts = self.rules.samples_starts   # async: the fresh samples hold the trajectories to start too
+        samples = [(self._live(sampler, view.now, rng, part), self._new(sampler, rng) if starts else [])
                    for _ in range(self.check_samples)]
-        stay, move = self.planner.check(view, d, samples, self._scaled(self.run.max_in_flight) if async_priced else 0,
+        stay, move = self.planner.check(view, d, samples, self._scaled(self.run.max_in_flight) if starts else 0,
                                         self._to_end())
         n = len(view.engines)
         log.debug("t=%.1f check over %d fresh samples: %s %.1f s, %s %.1f s", view.now, len(samples),
@@ -537,7 +533,7 @@ class Prorsa(Policy):
         groups and in its step's task mix; drawn only if the forecast's run reaches it, from a stream
         of its own (`rng`), so the plans' samples (and decisions) are those they would be without it."""
         run = self.run
-        if run.mode != "sync" or self.tracker.started >= run.total_trajectories:
+        if not self.rules.steps or self.tracker.started >= run.total_trajectories:
             return None
         weights = self._next_step_mix()
         count = self._scaled(run.trajectories_per_step)
@@ -547,7 +543,7 @@ class Prorsa(Policy):
         """Async: whether the live trajectories and the next to start are all the run has left, so the
         plan decides when the run ends (its last trajectory), not how fast the pipeline flows
         (docs/decisions/2026-12-07-prorsa-rules.md, R9)."""
-        return self.run.mode == "async" and self._trajectories_left() <= self.run.max_in_flight
+        return self.rules.to_end(self.run, self._trajectories_left())
 
     def _trajectories_left(self) -> int:
         """Trajectories the run has still to start."""
@@ -581,27 +577,25 @@ class Prorsa(Policy):
         now = present.now if present is not None else 0.0
         # a stream of its own per step start (the plans' streams are [seed, plan number])
         rng = np.random.default_rng([self.seed, 0] if present is None else [self.seed, 0, self.tracker.started])
-        # async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight, never more than the run has (a sample more
-        # loaded than the run favours splits: docs/decisions/2026-12-07-prorsa-rules.md, R11)
+        # sync: a step's batch; async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight (mode_rules.py)
         run = self.run
-        full = run.trajectories_per_step if run.mode == "sync" else \
-            min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
+        full = self.rules.initial_count(run)
         # a sample that is the whole run (async) is scored as a sync step is: by its last end, in GRPO
         # groups with each trajectory's output level, on `initial_max_samples` samples. Why: the run's
         # time is its last end, set by a few long chains of turns, which the allocation slows or speeds
         # while the mean ends tie; one sample's last end spreads by 10-20%, more than the hysteresis
         # (docs/decisions/2026-12-07-prorsa-rules.md, R12).
         # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
-        whole = run.mode == "async" and full == run.total_trajectories
+        whole = self.rules.whole_run(run, full)
         sampler = self.future_model(now, whole)
-        as_step = run.mode == "sync" or whole
+        as_step = not self.rules.on_mean_end(whole)
         group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
         # a thinned sample is drawn whole, then thinned (by GRPO groups where it is scored by its last
         # end: by their longest chains, slice.py), so the screen's finalists race on the same draws whole
         unit = (lambda ft: ft.trajectory_id // group) if as_step else (lambda ft: ft.trajectory_id)
         count = self._scaled(full, 1)
-        if run.mode == "async" and self.mix_forecast == "schedule" and run.step_weights:
+        if self.rules.schedules_start and self.mix_forecast == "schedule" and run.step_weights:
             # an async start's sample spans several batches: each in its declared mix, as plans draw them
             def draw() -> list[FutureTrajectory]:
                 return self._scheduled(sampler, 0, full, 0, rng, group, 1)

@@ -117,7 +117,7 @@ def plan_benchmark(benchmark, policy, view, rounds: int = 3):
     events = policy.planner.whatif.events
     benchmark.pedantic(policy.plan, setup=due, rounds=rounds, iterations=1)
     events = (policy.planner.whatif.events - events) / rounds    # one plan's what-if events
-    fc = policy.forecaster.history[-1]
+    fc = policy.forecast_log.history[-1]
     assert fc.decode_seqs[0] > 0 and fc.prefill_tokens.sum() > 0
     if benchmark.stats:
         plan = benchmark.stats.stats.mean

@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from harness.cluster import cluster_from_config  # noqa: E402
 from harness.experiment import run_info  # noqa: E402
-from harness.prorsa.planner import future_sampler  # noqa: E402
+from harness.prorsa.forecast import FutureTrajectory, FutureTurn, future_sampler  # noqa: E402
 from harness.prorsa.policy import split_name  # noqa: E402
 from harness.allocation import COLOCATED, roles_for  # noqa: E402
 from harness.prorsa.tracker import LifecycleTracker  # noqa: E402
-from harness.prorsa.whatif import FutureTrajectory, FutureTurn, WhatIf  # noqa: E402
+from harness.prorsa.whatif import WhatIf  # noqa: E402
 from harness.rollout import ModeConfig  # noqa: E402
 from tests.conftest import load_config  # noqa: E402
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.cluster import cluster_from_config  # noqa: E402
 from harness.experiment import lifecycle_frame, run_info, run_rollout  # noqa: E402
-from harness.prorsa.planner import future_sampler  # noqa: E402
+from harness.prorsa.forecast import future_sampler  # noqa: E402
 from harness.allocation import COLOCATED, roles_for  # noqa: E402
 from harness.prorsa.tracker import LifecycleTracker  # noqa: E402
 from harness.prorsa.whatif import WhatIf  # noqa: E402

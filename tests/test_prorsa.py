@@ -9,13 +9,15 @@ import pytest
 from harness.api import EventKind as K
 from harness.api import LifecycleEvent as E
 from harness.api import ClusterView, FamilyPriors, LogNormalPrior, Role, Route, RunInfo
-from harness.prorsa.forecaster import Forecast, Forecaster
-from harness.prorsa.planner import Planner, critical_path_floor, future_sampler
+from harness.prorsa.forecast import future_sampler
+from harness.prorsa.forecast_log import Forecast, ForecastLog
+from harness.prorsa.mode_rules import ASYNC, rules_for
+from harness.prorsa.planner import Planner, critical_path_floor
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.whatif import WhatIf
 from harness.routing import PrefixTracker
-from tests.conftest import cluster_of, load_config, simulate
+from tests.conftest import cluster_of, load_config, policy_of, simulate
 
 # Deterministic priors (sigma 0) of the family "fam": every prior sample equals the median.
 FAM = FamilyPriors(prompt_tokens=LogNormalPrior(100, 0), output_tokens=LogNormalPrior(40, 0),
@@ -118,7 +120,7 @@ def test_sync_forecast_runs_into_the_next_step():
     bin, so the forecast's run starts the next step's batch there (a 700-token prompt) and counts it;
     the score (the step's end) is the same as without it. When the step ends past the horizon, the
     next step is never drawn."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
     roles = [Role.COLOCATED] * 2
     step = [FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 0, 10, 0.0)])]
@@ -141,7 +143,7 @@ def test_sync_forecast_runs_into_the_next_step():
 
 
 def test_forecast_error_is_recorded_per_bin():
-    f = Forecaster(horizon_s=4.0, bins=4)
+    f = ForecastLog(horizon_s=4.0, bins=4)
     f.history.append(Forecast(2.0, 1.0, np.array([0.0, 250.0, 0.0, 0.0]), np.array([1.0, 1.0, 0.0, 0.0])))
     for t, n in ((2.0, 1), (3.0, 1), (4.0, 1), (5.0, 0), (7.0, 0)):
         f.observe_decoding(t, n)
@@ -154,10 +156,10 @@ def test_forecast_error_is_recorded_per_bin():
     assert err["forecast_wape_decode"][0] == 0.0 and err["forecast_wape_decode"][2] == pytest.approx(1.0)
 
 
-def test_forecaster_keeps_arrivals_for_a_window_and_reports_as_if_it_kept_all():
+def test_forecast_log_keeps_arrivals_for_a_window_and_reports_as_if_it_kept_all():
     """Arrivals are dropped once no forecast can count them; the frame is the one all arrivals give."""
     rng = np.random.default_rng(0)
-    f = Forecaster(horizon_s=4.0, bins=4)
+    f = ForecastLog(horizon_s=4.0, bins=4)
     arrivals, kept = [], []
     for k in range(2000):
         t = k * 0.1
@@ -171,7 +173,7 @@ def test_forecaster_keeps_arrivals_for_a_window_and_reports_as_if_it_kept_all():
             f.observe_decoding(t, int(rng.integers(0, 50)))
         kept.append(len(f.arrivals))
     assert max(kept) < 200 < len(arrivals)        # about two horizons of arrivals, not all 2000 ticks'
-    reference = Forecaster(horizon_s=4.0, bins=4)
+    reference = ForecastLog(horizon_s=4.0, bins=4)
     reference.history, reference.actual_decode, reference.arrivals = f.history, f.actual_decode, arrivals
     pd.testing.assert_frame_equal(f.frame(), reference.frame())
     assert len(f.frame()) == 4 * 98 and len(f.prefill_actual) == 96   # 2 settled at the end
@@ -244,7 +246,7 @@ def test_planner_picks_pd_under_heavy_prefill_and_hysteresis_holds_a_small_gain(
 def test_critical_path_floor_known_answer():
     """Ready at 2 s, a turn of 11 tokens then a 5 s tool call, then a turn of one token: 2 + 5 + 10
     decode steps of 0.1 s (the first token comes with the prefill) = 8 s; the longest trajectory sets it."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     long = FutureTrajectory(0, "f", 2.0, [FutureTurn(100, 0, 11, 5.0), FutureTurn(120, 110, 1, 0.0)])
     short = FutureTrajectory(1, "f", 0.0, [FutureTurn(100, 0, 3, 0.0)])
     assert critical_path_floor([long, short], 0.1) == pytest.approx(8.0)
@@ -284,7 +286,7 @@ def test_a_candidate_is_cut_only_when_sure_to_lose_and_sooner_with_the_floors(mo
     """Mean-end what-ifs with a bound at the best candidate's score + 5%: a run cut (inf) scores above the
     bound when run out, one not cut scores as run out; and a cut comes after fewer events than with the
     old rule (every unfinished trajectory ending now at the soonest, i.e. every chain 0)."""
-    from harness.prorsa.whatif import FutureTrajectory
+    from harness.prorsa.forecast import FutureTrajectory
     cluster = cluster_of(HEAVY)
     sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
     new = [replace(ft, turns=[replace(t, tool_latency_s=tool_s) for t in ft.turns[:-1]] + ft.turns[-1:])
@@ -313,7 +315,7 @@ def test_a_candidate_is_cut_only_when_sure_to_lose_and_sooner_with_the_floors(mo
 def test_a_last_end_run_stops_once_a_floor_passes_its_bound(monkeypatch):
     """Scored by the last end with a bound below the longest chain (300-s tool calls): the run stops at
     its start and scores inf; by the old rule it ran until the clock passed the bound."""
-    from harness.prorsa.whatif import FutureTrajectory
+    from harness.prorsa.forecast import FutureTrajectory
     cluster = cluster_of(HEAVY)
     sampler = future_sampler(LifecycleTracker(), RUN_HEAVY(), 30, 0.0, 0.01)
     new = [replace(ft, turns=[replace(t, tool_latency_s=300.0) for t in ft.turns[:-1]] + ft.turns[-1:])
@@ -331,7 +333,8 @@ def test_a_settled_choice_stays_closed_while_the_floor_keeps_it():
     """Staying ends at 100 s, the floor is 98 s (a 98-s tool call), hysteresis 5%: settled, and the choice
     stays closed while 98 - t >= 0.95 (100 - t), i.e. for (98 - 95) / 0.05 = 60 s. A floor of 94 s is
     below 95: not settled."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn, Outcome
+    from harness.prorsa.whatif import Outcome
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     cluster = cluster_of(HEAVY)
     planner = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
     staying = Outcome(100.0, 50.0, 1.0, [100.0], np.zeros(5), np.zeros(5))
@@ -371,7 +374,7 @@ def test_a_start_bound_by_its_critical_path_runs_only_staying():
     split, scores = bound.initial(samples, 64)
     assert split == COLOCATED and set(scores) == {COLOCATED}
     full = Planner(cluster, WhatIf(cluster, 5, 4.0), hysteresis=0.05, allow_colocated=True, max_candidates=8)
-    full.on_mean_end = lambda to_end: True   # no floor: every candidate is run, each scored by its last end
+    full.rules = ASYNC   # the mean end's rule, no floor: every candidate is run, each scored by its last end
     full.score = lambda outcome, to_end=False: outcome.completion_s
     whole_split, whole = full.initial(samples, 64)
     assert whole_split == COLOCATED and set(whole) == {COLOCATED, 1, 2, 3}
@@ -456,7 +459,7 @@ class MixWhatIf:
 
 def one_new(family):
     """A sample of one trajectory of `family` (what MixWhatIf and SampleWhatIf read)."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     return [FutureTrajectory(0, family, 0.0, [FutureTurn(10, 0, 10, 0.0)])]
 
 
@@ -513,7 +516,7 @@ def test_initial_plan_hedges_against_another_mix():
     split whose worst ratio to each mix's best is smallest: 2P (max(95/90, 120/100) = 1.2)."""
     table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
     planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     assert planner.initial([one_new("a")], 8)[0] == 1
     assert planner.initial([one_new("a")], 8, hedges=[one_new("a"), one_new("b")])[0] == 2
 
@@ -528,7 +531,7 @@ def test_screened_start_races_its_finalists_against_every_candidates_best():
     finalists' best alone, 3P would win (max(108/96, 1.0) = 1.125 against 1.135)."""
     screen_table = {"a": {COLOCATED: 100, 1: 90, 2: 95, 3: 110}, "b": {COLOCATED: 150, 1: 400, 2: 120, 3: 100}}
     planner = Planner(cluster_of(HEAVY), MixWhatIf(screen_table), hysteresis=0.05, allow_colocated=True,
-                      max_candidates=8, mode="async")
+                      max_candidates=8, rules=ASYNC)
     hedges = [one_new("a"), one_new("b")]
     assert planner.initial([one_new("a")], 8, hedges=hedges)[0] == 2
     screen = planner.screen()
@@ -552,7 +555,7 @@ def test_initial_plan_takes_colocation_within_the_tolerance():
     def start(colocated: float) -> int:
         table = {"a": {COLOCATED: colocated, 1: 100.0, 2: 103.0, 3: 110.0}}
         planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True,
-                          max_candidates=8, mode="async")
+                          max_candidates=8, rules=ASYNC)
         return planner.initial([one_new("a")], 8)[0]
     assert start(100.9) == COLOCATED
     assert start(101.1) == 1
@@ -577,7 +580,7 @@ def test_initial_plan_samples_no_further_the_candidates_out_of_reach():
             return super().run(futures, roles_now, roles, new, max_in_flight, **bound)
     whatif = Recorded(table)
     planner = Planner(cluster_of(HEAVY), whatif, hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     drawn = iter(range(3, 6))
     split, scores = planner.initial([one_new(f"s{i}") for i in range(3)], 8, more=lambda: one_new(f"s{next(drawn)}"),
                                     max_samples=6)
@@ -663,7 +666,7 @@ def test_product_limit_known_answer():
     """Ends at 1 and 2, one trajectory known to reach 2 and still running. At 1: 3 at risk, 1 ends,
     S = 2/3; at 2: 2 at risk (the running one counts), 1 ends, S = 1/3; the last third goes to the prior
     above 2 (5 and 7, a sixth each)."""
-    from harness.prorsa.estimate import product_limit
+    from harness.prorsa.forecast import product_limit
     points = product_limit(np.array([1.0, 2.0]), np.array([2.0]), np.array([1.0, 5.0, 7.0]))
     values, counts = np.unique(points, return_counts=True)
     assert list(values) == [1, 2, 5, 7]
@@ -675,7 +678,7 @@ def test_product_limit_known_answer():
 def test_running_trajectories_remove_the_short_first_bias():
     """500 trajectories of 1-20 turns; the 60 that ended by now are the shortest (1-2 turns). Sampling
     turns from them alone says 1.5; counting the 440 still running (each at turn 3) gives the truth."""
-    from harness.prorsa.estimate import product_limit
+    from harness.prorsa.forecast import product_limit
     rng = np.random.default_rng(0)
     turns = rng.integers(1, 21, 500)
     ended, running = turns[turns <= 2], np.full(int((turns > 2).sum()), 3.0)
@@ -713,7 +716,7 @@ def test_intraclass_correlation_known_answers():
 def sampler_with_shared(rho):
     values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
     one = {"fam": np.array([1.0])}
-    from harness.prorsa.whatif import FutureSampler
+    from harness.prorsa.forecast import FutureSampler
     return FutureSampler(outputs={"fam": values}, tool_latency=one, tool_outputs=one, turns=one,
                          first_prompts=one, max_context={"fam": 10**9}, output_shared={"fam": rho})
 
@@ -770,7 +773,7 @@ def test_sampled_level_follows_the_turn_count_where_the_workload_links_them():
     values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
     turns = np.sort(np.exp(np.random.default_rng(2).normal(np.log(8), 0.5, 4000)))
     one = {"fam": np.array([1.0])}
-    from harness.prorsa.whatif import FutureSampler
+    from harness.prorsa.forecast import FutureSampler
     base = FutureSampler(outputs={"fam": values}, tool_latency=one, tool_outputs=one, turns={"fam": turns},
                          first_prompts=one, max_context={"fam": 10**9}, output_shared={"fam": 0.5})
     linked = dc_replace(base, turns_output_corr={"fam": 0.8})
@@ -791,7 +794,7 @@ def test_sampled_groups_share_their_prompt_level_and_turn_counts():
     samples of one group correlate at the shared share (0.5) across groups, where samples of
     different groups do not."""
     from dataclasses import replace as dc_replace
-    from harness.prorsa.whatif import FutureSampler
+    from harness.prorsa.forecast import FutureSampler
     values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
     turns = np.sort(np.exp(np.random.default_rng(2).normal(np.log(6), 0.6, 4000)))
     one = {"fam": np.array([1.0])}
@@ -822,7 +825,7 @@ def test_sampled_groups_keep_a_turn_output_link_the_group_cannot_carry():
     rounded log turn count with its score (~0.97). Where the group can carry the link (0.64 >= 0.8^2)
     the level stays the group's: two samples of a group share it (log outputs correlate at 0.5)."""
     from dataclasses import replace as dc_replace
-    from harness.prorsa.whatif import FutureSampler
+    from harness.prorsa.forecast import FutureSampler
     values = np.sort(np.exp(np.random.default_rng(1).normal(np.log(100), 1.0, 4000)))
     turns = np.sort(np.exp(np.random.default_rng(2).normal(np.log(6), 0.6, 4000)))
     one = {"fam": np.array([1.0])}
@@ -845,7 +848,7 @@ def recorded_sampler():
     600 tokens) and `chain` (three turns of 80 tokens, 5,000-token tool outputs after 1 s), one group
     of each."""
     from harness.api import ExampleTrajectory
-    from harness.prorsa.whatif import FutureSampler
+    from harness.prorsa.forecast import FutureSampler
     answer = ExampleTrajectory(1000, (600,), (), ())
     chain = ExampleTrajectory(1000, (80, 80, 80), (5000, 5000), (1.0, 1.0))
     one = {"fam": np.array([1.0])}
@@ -901,7 +904,7 @@ def test_recorded_trajectories_are_weighted_by_their_answers_so_far():
     kernel's bandwidth is Silverman's rule on the two values); before it has written anything, as
     either (uniform)."""
     from harness.api import ExampleTrajectory
-    from harness.prorsa.whatif import Recorded
+    from harness.prorsa.forecast import Recorded
     long, short = ExampleTrajectory(10, (1000, 1000), (5,), (1.0,)), ExampleTrajectory(10, (50, 50), (5,), (1.0,))
     rec = Recorded([long] * 10 + [short] * 10)
     rng = np.random.default_rng(0)
@@ -966,7 +969,7 @@ def test_shared_output_share_is_learned_from_trajectories():
     Only where a plan scores the last end of a whole step or run (sync; async with `whole_run`): async
     plans that score a mean end draw every turn afresh."""
     from dataclasses import replace
-    from harness.prorsa.planner import output_shared
+    from harness.prorsa.forecast import output_shared
     run = replace(RUN, priors={"fam": replace(FAM, output_shared=0.3)})
     t = LifecycleTracker()
     assert output_shared(t, run, 3) == {"fam": 0.3}
@@ -1009,7 +1012,7 @@ def test_whatif_switch_waits_for_the_turn_running_on_the_engine():
     the plan swaps the roles of a 1P1D pair (drain, 6-s switch). A new trajectory needs engine 1 as its
     prefill engine, so it cannot end before that answer ends plus the switch time."""
     from harness.api import Route
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=drain"])
     running = FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 999, 2_000, 0.0)], decode_engine=1,
                                prefill_engine=0, in_progress=True, route=Route(0, 1))
@@ -1039,10 +1042,9 @@ def test_whatif_keeps_a_queued_turn_where_the_router_sent_it(monkeypatch):
     switch), even while engine 1 switches to decode; a trajectory with no route is routed as new.
     The live view gives a queued turn its route."""
     from harness.api import Route
-    from harness.prorsa.whatif import ROUTED, FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import ROUTED, FutureSampler, FutureTrajectory, FutureTurn
     from harness.sim.backend import SimBackend
     from harness.prorsa.tracker import TrajectoryState
-    from harness.prorsa.whatif import FutureSampler
     from harness.routing import PrefixTracker
     one = {"f": np.array([10.0])}
     sampler = FutureSampler(outputs=one, tool_latency=one, tool_outputs=one, turns={"f": np.array([1.0])},
@@ -1071,7 +1073,7 @@ def test_whatif_continues_a_decode_under_way_on_its_decode_engine(monkeypatch):
     context); a turn still queued for its prefill runs its prefill leg. The live view marks which."""
     from harness.api import Route
     from harness.prorsa.tracker import TrajectoryState
-    from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureSampler, FutureTrajectory, FutureTurn
     from harness.routing import PrefixTracker
     from harness.sim.backend import SimBackend
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=kv_both"])
@@ -1096,7 +1098,7 @@ def test_whatif_keeps_a_decode_whose_prefill_engine_kv_both_has_switched(monkeyp
     """kv_both: a disaggregated turn whose prefill is done decodes on its decode engine, whatever its
     prefill engine has become since: the what-if continues its decode there and runs no prefill again
     (it used to route such a turn as new once engine 0 had switched to decode)."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     from harness.sim.backend import SimBackend
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=3", "cluster.switch_mechanism=kv_both"])
     legs = _record_legs(monkeypatch, SimBackend)
@@ -1113,7 +1115,7 @@ def test_whatif_keeps_a_colocated_turn_on_an_engine_kv_both_turned_into_a_prefil
     engine stays there and decodes there, in the what-if as on the engines (it used to be routed again
     as new, onto the decode engines). With decode migration its decode would be shipped to a decode
     engine, and the what-if routes the turn again."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     from harness.sim.backend import SimBackend
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2", "cluster.switch_mechanism=kv_both",
                           f"cluster.migrate_decodes_on_switch={str(migrate).lower()}"])
@@ -1134,7 +1136,7 @@ def test_learned_distribution_waits_until_most_observations_have_ended(running, 
     the prior stays (on mix_reason_browse at 50 s, 41 ended and 127 decoding reasoning turns gave a
     mean of 1,260 tokens against 1,861 true; the prior 2,264). Once most have ended, the estimate."""
     from collections import deque
-    from harness.prorsa.planner import prior_samples
+    from harness.prorsa.forecast import prior_samples
     from harness.prorsa.tracker import TrajectoryState
     run = RUN_HEAVY()
     family = sorted(run.priors)[0]
@@ -1153,7 +1155,7 @@ def test_switch_must_not_lose_if_the_mix_turns_to_one_family():
     100 for "b") is taken. Without hedges: 1P3D."""
     table = {"a": {COLOCATED: 100, 1: 80, 2: 90, 3: 100}, "b": {COLOCATED: 100, 1: 300, 2: 100, 3: 100}}
     planner = Planner(cluster_of(HEAVY), MixWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     hedges = [one_new("a"), one_new("b")]
     view = engines([Role.PREFILL] * 3 + [Role.DECODE])
     assert planner.decide(view, 3, [], one_new("a"), 8).split == 1
@@ -1208,9 +1210,9 @@ def test_a_switch_needs_confirm_plans_consecutive_plans_each_passing_the_sync_ch
     plan whose target fails the sync check (here the fifth: over its fresh samples 0.99 s against
     staying's 1.0 s, inside the 5% hysteresis). Each check gets `check_samples` samples."""
     from harness.prorsa.planner import Decision
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=2, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    policy = policy_of("prorsa", confirm_plans=2, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
+                       initial="colocated")
     policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
     policy.tracker.started = policy._starts_seen = 1
@@ -1278,10 +1280,9 @@ def test_a_switch_whose_check_fails_starts_its_evidence_again():
     1.0 s, inside the 5% hysteresis), the target's evidence is dropped (Planner.reject) and no switch is
     made; the next plan's wish is made at once (its evidence is the planner's to add up)."""
     from harness.prorsa.planner import Decision
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=2, switch_rule="evidence", check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
-                    initial="colocated")
+    policy = policy_of("prorsa", confirm_plans=2, switch_rule="evidence", check_samples=3, replan_interval_s=1.0,
+                       min_dwell_s=0.0, initial="colocated")
     policy.initial_roles(cluster_of(HEAVY), RUN_HEAVY())
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, 1, 0, detail="synthetic"), E(K.TURN_READY, 0.0, 1, 0, tokens=10)])
     policy.tracker.started = policy._starts_seen = 1
@@ -1311,9 +1312,9 @@ def test_async_switch_is_checked_on_fresh_samples_when_it_drains_or_reloads(mech
     4 started: 4); with kv_both (a router update) the plan's own sample decides. Staying scores 1.0 on
     the fresh samples and the target 0.99, inside the 5% hysteresis: no switch where it is checked."""
     from harness.prorsa.planner import Decision
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.whatif import Outcome
-    policy = Prorsa(confirm_plans=1, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0, initial="colocated")
+    policy = policy_of("prorsa", confirm_plans=1, check_samples=3, replan_interval_s=1.0, min_dwell_s=0.0,
+                       initial="colocated")
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"fam": FAM})
     policy.initial_roles(cluster_of(HEAVY + [f"cluster.switch_mechanism={mechanism}"]), run)
     feed(policy.tracker, [E(K.TRAJECTORY_START, 0.0, i, 0, detail="fam") for i in range(4)]
@@ -1341,7 +1342,7 @@ def test_async_start_on_the_whole_run_is_scored_by_its_last_end():
     one sampled on the whole run (`to_end`) takes colocation (the run's end)."""
     table = {COLOCATED: (55.0, 180.0), 1: (90.0, 300.0), 2: (50.0, 200.0), 3: (70.0, 260.0)}
     planner = Planner(cluster_of(HEAVY), EndsWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     assert planner.initial([one_new("a")], 8)[0] == 2
     split, scores = planner.initial([one_new("a")], 8, to_end=True)
     assert split == COLOCATED and scores == {k: last for k, (_, last) in table.items()}
@@ -1354,11 +1355,10 @@ def test_async_start_samples_the_whole_run_in_groups_with_output_levels(steps, w
     each trajectory's output level, `initial_max_samples` times from the first, and scored by its last
     end; a run of 32 by `initial_samples` samples of 16 trajectories drawn one by one, scored by their
     mean end."""
-    from harness.prorsa.policy import Prorsa
     prior = replace(FAM, prompt_tokens=LogNormalPrior(100, 1.0), output_shared=0.5)
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=4, num_steps=steps, priors={"fam": prior},
                   group_size=2)
-    policy = Prorsa(initial_samples=1, initial_max_samples=2)
+    policy = policy_of("prorsa", initial_samples=1, initial_max_samples=2)
     seen = {}
 
     def initial(samples, max_in_flight, hedges, more, max_samples, present, to_end):
@@ -1373,7 +1373,7 @@ def test_async_start_samples_the_whole_run_in_groups_with_output_levels(steps, w
     prompts = [ft.turns[0].prompt_tokens for ft in sample]
     paired = all(prompts[i] == prompts[i + 1] for i in range(0, len(prompts), 2))
     assert paired is whole
-    assert bool(policy._sampler(0.0, whole)._levels) is whole
+    assert bool(policy.future_model(0.0, whole)._levels) is whole
 
 
 @pytest.mark.parametrize("second,hedged", [({"a": 0.5, "b": 0.5}, False), ({"a": 0.1, "b": 0.9}, True)])
@@ -1381,10 +1381,9 @@ def test_initial_plan_hedges_only_where_the_declared_mix_changes(second, hedged)
     """Two families, 50:50 in step 0: the start is hedged against each family alone (one hedge per
     family) when step 1 declares another mix, and not when it declares the same one (a stationary
     trace, or a schedule of one entry)."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
                   step_weights=[{"a": 0.5, "b": 0.5}, second])
-    policy = Prorsa(initial_samples=1, initial_max_samples=1)
+    policy = policy_of("prorsa", initial_samples=1, initial_max_samples=1)
     seen = {}
 
     def initial(samples, max_in_flight, hedges, more, max_samples, present, to_end):
@@ -1403,10 +1402,9 @@ def test_sync_step_start_is_planned_for_a_declared_mix_change(second, planned):
     planned, for its own declared mix, when that mix differs from the one the start was planned for,
     and starts where the last one did when it is the same."""
     from harness.api import EngineState
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
                   step_weights=[{"a": 0.5, "b": 0.5}, second])
-    policy = Prorsa()
+    policy = policy_of("prorsa")
     policy.initial = "colocated"
     cluster = cluster_of(HEAVY)
     policy.initial_roles(cluster, run)
@@ -1434,7 +1432,6 @@ def test_hedged_sync_start_is_the_launch_and_the_first_step_is_planned_for_its_o
     where the mix never changes (the start was planned for it)."""
     from harness.api import EngineState
     from harness.prorsa.planner import Planner
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, priors={"a": FAM, "b": FAM},
                   step_weights=[{"a": 0.5, "b": 0.5}, second])
     hedges = []
@@ -1443,7 +1440,7 @@ def test_hedged_sync_start_is_the_launch_and_the_first_step_is_planned_for_its_o
         hedges.append(len(hedged))
         return COLOCATED, {COLOCATED: 1.0}
     monkeypatch.setattr(Planner, "initial", initial)
-    policy = Prorsa(initial_samples=1, initial_max_samples=1, switching=switching)
+    policy = policy_of("prorsa", initial_samples=1, initial_max_samples=1, switching=switching)
     cluster = cluster_of(HEAVY)
     policy.initial_roles(cluster, run)
     assert hedges == [2 if second["a"] != 0.5 else 0]
@@ -1465,7 +1462,7 @@ def test_whatif_weight_update_flushes_the_prefix_caches():
     returns from a tool at 2 s with a 20,000-token context cached on engine 0. With an update after
     the first end, its turn recomputes the whole context; with none (or when the update would follow
     the run's last trajectory) it prefills its 100 new tokens only."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=1"])
     assert cluster.flush_prefix_cache_on_weight_update
     roles = [Role.COLOCATED]
@@ -1500,8 +1497,7 @@ def test_remaining_work_priority_known_answer():
     """`priority: remaining_work` with deterministic priors (every trajectory 5 turns of 40 tokens, a
     3-s tool call after each): from turn k a trajectory has 5 - k turns left, each 40 x tpot + 3 s; a
     route's priority is minus that (most work left first)."""
-    from harness.prorsa.policy import Prorsa
-    policy = Prorsa(priority="remaining_work", initial="colocated")
+    policy = policy_of("prorsa", priority="remaining_work", initial="colocated")
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), RUN)
     per_turn = 40 * policy._tpot() + 3.0
     left = policy._work_left["fam"]
@@ -1519,13 +1515,12 @@ def test_new_trajectories_follow_the_declared_mix_of_their_batch(mix_forecast, f
     start next (the run's 8 minus 2). With the declared schedule the next two are a (the rest of batch
     0) and the four after them b; with the window of recent starts (fewer than mix_window yet), the
     step-0 mix: all a."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=6, num_steps=2,
                   priors={"a": FAM, "b": FAM}, step_weights=[{"a": 1.0}, {"b": 1.0}])
-    policy = Prorsa(initial="colocated", mix_forecast=mix_forecast)
+    policy = policy_of("prorsa", initial="colocated", mix_forecast=mix_forecast)
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 2
-    new = policy._new(policy._sampler(0.0), np.random.default_rng(0))
+    new = policy._new(policy.future_model(0.0), np.random.default_rng(0))
     assert [f.family for f in new] == families
     assert len({f.trajectory_id for f in new}) == 6 and all(f.trajectory_id < 0 for f in new)
 
@@ -1534,20 +1529,20 @@ def test_next_step_of_the_forecast_is_the_next_batch_in_its_mix():
     """Sync, 4 trajectories per step in groups of 2, step 0 family a, step 1 family b: during step 0 the
     forecast's next step is 4 trajectories of b; during the
     last step, and in async, there is none."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="sync", trajectories_per_step=4, max_in_flight=4, num_steps=2, group_size=2,
                   priors={"a": FAM, "b": FAM}, step_weights=[{"a": 1.0}, {"b": 1.0}])
-    policy = Prorsa(initial="colocated")
+    policy = policy_of("prorsa", initial="colocated")
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 4
-    batch = policy._next_step(policy._sampler(0.0), np.random.default_rng(0))()
+    batch = policy._next_step(policy.future_model(0.0), np.random.default_rng(0))()
     assert [f.family for f in batch] == ["b"] * 4 and all(f.trajectory_id < 0 for f in batch)
     assert len({f.trajectory_id for f in batch}) == 4
     policy.tracker.started = 8
-    assert policy._next_step(policy._sampler(0.0), np.random.default_rng(0)) is None
+    assert policy._next_step(policy.future_model(0.0), np.random.default_rng(0)) is None
     policy.run = replace(run, mode="async")
+    policy.rules = rules_for(policy.run)
     policy.tracker.started = 4
-    assert policy._next_step(policy._sampler(0.0), np.random.default_rng(0)) is None
+    assert policy._next_step(policy.future_model(0.0), np.random.default_rng(0)) is None
 
 
 class EndsWhatIf:
@@ -1570,7 +1565,7 @@ def test_async_plan_scores_the_last_end_once_it_covers_the_runs_end():
     (1P3D); once the plan holds the rest of the run, the run ends with its last trajectory (2P2D)."""
     table = {COLOCATED: (120, 400), 1: (50, 200), 2: (60, 100), 3: (100, 300)}
     planner = Planner(cluster_of(HEAVY), EndsWhatIf(table), hysteresis=0.05, allow_colocated=True, max_candidates=8,
-                      mode="async")
+                      rules=ASYNC)
     view = engines([Role.PREFILL] * 3 + [Role.DECODE])
     assert planner.decide(view, 3, [], [], 8).split == 1
     assert planner.decide(view, 3, [], [], 8, to_end=True).split == 2
@@ -1579,9 +1574,8 @@ def test_async_plan_scores_the_last_end_once_it_covers_the_runs_end():
 def test_plan_covers_the_runs_end_once_the_rest_fits_in_flight():
     """8 trajectories in 2 batches, 3 in flight at most: with 5 started, 3 are left (the rest fits in one
     rolling set); with 4 started, 4 are left."""
-    from harness.prorsa.policy import Prorsa
     run = RunInfo(mode="async", trajectories_per_step=4, max_in_flight=3, num_steps=2, priors={"a": FAM})
-    policy = Prorsa(initial="colocated")
+    policy = policy_of("prorsa", initial="colocated")
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"]), run)
     policy.tracker.started = 4
     assert not policy._to_end()
@@ -1611,7 +1605,7 @@ def test_switcher_moves_engines_by_the_decode_work_they_carry():
 
 def test_decode_left_sums_the_rest_of_each_engines_turns():
     from harness.prorsa.planner import decode_left
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     fts = [FutureTrajectory(1, "a", 0.0, [FutureTurn(10, 0, 300, 0.0), FutureTurn(20, 10, 99, 0.0)], in_progress=True,
                             route=Route(0, 2)),
            FutureTrajectory(2, "a", 0.0, [FutureTurn(10, 0, 200, 0.0)], in_progress=True, route=Route(1, 2)),
@@ -1642,7 +1636,6 @@ def test_forecast_work_placement_spreads_first_turns_by_forecast_decode_work():
     and after trajectory 2 ends (200 tokens off engine 2) the next first turn goes to engine 2. A
     migrated decode takes its work with it."""
     from harness.api import EngineState, TurnRequest
-    from harness.prorsa.policy import Prorsa
     from harness.prorsa.placement import DecodeWork, turns_left_factor
     assert turns_left_factor(np.full(10, 5.0), 8) == pytest.approx([5, 4, 3, 2, 1, 1, 1, 1])
     roles = [Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE]
@@ -1655,10 +1648,10 @@ def test_forecast_work_placement_spreads_first_turns_by_forecast_decode_work():
     def placed(policy, requests):
         return [policy.route(r, view).decode_engine for r in requests]
 
-    shared = Prorsa(initial="colocated")
+    shared = policy_of("prorsa", initial="colocated")
     shared.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=4"]), RUN)
     assert placed(shared, [turn(t) for t in range(1, 7)]) == [1] * 6
-    policy = Prorsa(initial="colocated", placement="forecast_work")
+    policy = policy_of("prorsa", initial="colocated", placement="forecast_work", plan_per_engine=None)
     policy.initial_roles(cluster_of(["cluster=dense8_h100", "cluster.num_engines=4"]), RUN)
     assert policy.work.left["fam"][:6] == pytest.approx([200, 160, 120, 80, 40, 40])
     assert placed(policy, [turn(t) for t in range(1, 7)]) == [1, 2, 3, 1, 2, 3]
@@ -1683,7 +1676,7 @@ def test_whatif_places_new_turns_as_the_policy_does(monkeypatch):
     engine 2 (without it, on engine 1: the least KV, then the lowest id), and the run leaves the
     policy's own counts as they were (it works on a copy)."""
     from harness.prorsa.placement import DecodeWork
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     from harness.sim.backend import SimBackend
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=4", "cluster.switch_mechanism=kv_both"])
     sent: dict[int, Route] = {}
@@ -1733,7 +1726,7 @@ def test_whatif_holds_new_trajectories_back_as_the_drivers_staleness_does(stalen
     the rest of batch 0 (one new) and batch 1 (two new) wait to start. With staleness 0 batch 1 starts
     only once batch 0 has completed (the driver's `_fill_async`), so its trajectories end after the long
     answer; with staleness 1, or no rule (sync), they start at once and end long before it."""
-    from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+    from harness.prorsa.forecast import FutureTrajectory, FutureTurn
     cluster = cluster_of(["cluster=dense8_h100", "cluster.num_engines=2"])
     long = FutureTrajectory(0, "f", 0.0, [FutureTurn(1_000, 0, 3_000, 0.0)])
     new = [FutureTrajectory(-1 - i, "f", 0.0, [FutureTurn(500, 0, 10, 0.0)]) for i in range(3)]
@@ -1761,6 +1754,6 @@ def test_async_start_sample_follows_the_declared_schedule():
     policy = instantiate(cfg.policy)
     run = run_info(ModeConfig("async", 3, max_in_flight=32, staleness=1), instantiate(cfg.workload, seed=0))
     policy.initial_roles(cluster_of([]), run)
-    sample = policy._scheduled(policy._sampler(0.0, True), 0, 96, 0, np.random.default_rng(0))
+    sample = policy._scheduled(policy.future_model(0.0, True), 0, 96, 0, np.random.default_rng(0))
     assert [ft.family for ft in sample] == ["reasoning"] * 32 + ["browse"] * 64
     assert [ft.trajectory_id for ft in sample] == list(range(96))

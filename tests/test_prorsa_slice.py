@@ -8,13 +8,14 @@ from omegaconf import OmegaConf
 from harness.api import ClusterView, EngineState, Role, Route
 from harness.experiment import run_info
 from harness.prorsa.planner import Planner
+from harness.prorsa.policy import Prorsa
 from harness.prorsa.slice import ClusterSlice, cluster_split, home, scaled, thinned
 from harness.allocation import COLOCATED, roles_for
 from harness.prorsa.tracker import Phase, TrajectoryState
-from harness.prorsa.whatif import FutureTrajectory, FutureTurn
+from harness.prorsa.forecast import FutureTrajectory, FutureTurn
 from harness.rollout import ModeConfig
 from harness.routing import PrefixTracker
-from tests.conftest import cluster_of, load_config, simulate
+from tests.conftest import cluster_of, load_config, policy_of, simulate
 
 
 def view_of(roles: list[Role]) -> ClusterView:
@@ -178,19 +179,23 @@ def test_thinning_stops_where_a_rank_could_not_hold_the_longest_context_at_its_w
     assert (weight(1), weight(16)) == (8, 4)
 
 
+class Recorded(Prorsa):
+    """Prorsa keeping (whether the plan scored the mean end, its weight) for each plan, the start first."""
+
+    def __init__(self, **keys):
+        super().__init__(**keys)
+        self.seen: list[tuple[bool, int]] = []
+
+    def _simulate_at(self, count):
+        super()._simulate_at(count)
+        self.seen.append((self.run.mode == "async" and not self._to_end(), self.weight))
+
+
 def weights_planned(overrides: list[str]) -> list[tuple[bool, int]]:
     """(whether the plan scored the mean end, its weight) for each plan of a whole run, the start first."""
-    from harness.prorsa.policy import Prorsa
-    seen = []
-
-    class Recorded(Prorsa):
-        def _simulate_at(self, count):
-            super()._simulate_at(count)
-            seen.append((self.run.mode == "async" and not self._to_end(), self.weight))
-    overrides = ["policy=prorsa", "policy.plan_per_engine=2", "policy.plan_workers=1", *overrides]
-    keys = OmegaConf.to_container(load_config(overrides).policy, resolve=True)
-    simulate(overrides, policy=Recorded(**{k: v for k, v in keys.items() if k != "_target_"}))
-    return seen
+    policy = policy_of("prorsa", _target_=f"{__name__}.Recorded", plan_per_engine=2, plan_workers=1)
+    simulate(overrides, policy=policy)
+    return policy.seen
 
 
 def test_thinning_leaves_the_plans_within_a_run_that_score_a_last_end():
@@ -238,5 +243,5 @@ def test_small_batches_thinned_add_up_to_the_whole_and_keep_new_ids_negative():
     policy, _ = started(["+experiment=tooluse_async", "policy=prorsa", "policy.initial=colocated",
                          "workload.batch_size=2", "mode.num_steps=16", "mode.max_in_flight=256"])
     count = policy._scaled(256, 32)
-    drawn = policy._scheduled(policy._sampler(0.0), 0, 256, -1 - count, np.random.default_rng(0), weight=32)
+    drawn = policy._scheduled(policy.future_model(0.0), 0, 256, -1 - count, np.random.default_rng(0), weight=32)
     assert count == 8 and [ft.trajectory_id for ft in drawn] == list(range(-9, -1))

@@ -2,7 +2,7 @@
 
 Candidates are colocation (if allowed) and every P:D split, each reached from the present roles by
 moving the fewest, cheapest-to-drain engines (harness/allocation.py). Each runs on the same sampled futures
-(whatif.py) and is scored by when its work ends: in sync RL the step ends with its slowest
+(forecast.py) and is scored by when its work ends: in sync RL the step ends with its slowest
 trajectory, so the score is the predicted completion of the step's trajectories (the critical path);
 in async RL it is the mean end of the live trajectories plus the next `max_in_flight` to start (a
 rolling phase). The what-if run of a switch includes its whole price under the cluster's switch
@@ -21,78 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.api import ClusterView, LogNormalPrior, Role, RunInfo
+from harness.api import ClusterView, Role
 from harness.cluster import ClusterConfig
-from harness.stats import intraclass_correlation, t975
-from harness.prorsa.estimate import product_limit
+from harness.stats import t975
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
-from harness.prorsa.tracker import LifecycleTracker
-from harness.prorsa.whatif import FutureSampler, FutureTrajectory, Outcome, WhatIf, decode_floor_s
+from harness.prorsa.forecast import FutureTrajectory
+from harness.prorsa.mode_rules import SYNC, ModeRules
+from harness.prorsa.whatif import Outcome, WhatIf, decode_floor_s
 from harness.prorsa.workers import PlanWorkers
-
-PRIOR_POINTS = 199
-
-
-def prior_samples(prior: LogNormalPrior) -> np.ndarray:
-    """A prior (mixture parts and cap included) as sorted quantile points."""
-    return np.asarray(prior.quantiles(PRIOR_POINTS))
-
-
-def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: int, now: float,
-                   tpot: float, whole_run: bool = False) -> FutureSampler:
-    """Per family: once `min_observations` values have ended, and no fewer than are still running, the
-    product-limit estimate from them and from what the live trajectories have reached so far
-    (estimate.py); the prior until then (turns cut at the family's turn cap); and how much a
-    trajectory's turns share their output length, where a plan scores the last end of a whole sync step
-    or (`whole_run`) of an async run (output_shared). While most values are still running, the ended ones
-    are the short ones and the running ones say only "longer than this", so the estimate's upper half
-    rests on little: on mix_reason_browse (dense8_h100, async) at 50 s, 41 ended and 127 decoding
-    reasoning turns gave a mean output of 1,260 tokens against 1,861 true (prior 2,264), and the
-    what-if ranked 6P2D first (measured: 1.32x colocation's mean end); with the prior it ranked
-    colocation first, each allocation within 5% of its forked run."""
-    censored = tracker.censored(now, tpot)
-
-    def pick(observed: dict, key: str) -> dict[str, np.ndarray]:
-        out = {}
-        for family, priors in run.priors.items():
-            prior = prior_samples(getattr(priors, key))
-            seen = observed.get(family, ())
-            running = censored.get(key, {}).get(family, [])
-            if len(seen) < max(min_observations, len(running)):
-                out[family] = prior
-            else:
-                out[family] = product_limit(np.asarray(seen, dtype=float), np.asarray(running, dtype=float), prior)
-        return out
-    turns = pick(tracker.finished_turns, "turns")
-    shared = output_shared(tracker, run, min_observations) if run.mode == "sync" or whole_run else {}
-    return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
-                         tool_latency=pick(tracker.tool_latencies, "tool_latency_s"),
-                         tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),
-                         turns={f: np.minimum(v, run.priors[f].max_turns) for f, v in turns.items()},
-                         first_prompts=pick(tracker.first_prompts, "prompt_tokens"),
-                         max_context={f: p.context_cap for f, p in run.priors.items()},
-                         output_shared=shared,
-                         turns_output_corr={f: run.priors[f].turns_output_corr for f in shared},
-                         turns_group_corr={f: p.turns_group_corr for f, p in run.priors.items()},
-                         examples={f: p.examples for f, p in run.priors.items() if p.examples})
-
-
-def output_shared(tracker: LifecycleTracker, run: RunInfo, min_observations: int) -> dict[str, float]:
-    """Per family, how much of the spread of output lengths is the trajectory's own: estimated from the
-    trajectories with two finished turns or more once `min_observations` of them are seen (live ones
-    included), the workload's prior until then.
-
-    For plans scored by the last end of a whole step or run: that end is the tail of per-trajectory
-    totals, which this shapes first-order. A mean end it leaves unbiased while making each plan's
-    sample noisier, so the async plans made during a run draw every turn afresh
-    (docs/decisions/2026-12-07-prorsa-rules.md, R13)."""
-    groups = tracker.output_groups()
-    out = {}
-    for family, priors in run.priors.items():
-        seen = [np.log(np.maximum(g, 1)) for g in groups.get(family, ()) if len(g) >= 2]
-        estimate = intraclass_correlation(seen) if len(seen) >= min_observations else None
-        out[family] = priors.output_shared if estimate is None else estimate
-    return out
 
 
 @dataclass
@@ -119,9 +55,9 @@ class Screen:
 
 class Planner:
     def __init__(self, cluster: ClusterConfig, whatif: WhatIf, hysteresis: float, allow_colocated: bool,
-                 max_candidates: int, mode: str = "sync", confirm_plans: int = 1, switch_rule: str = "consecutive",
-                 workers: PlanWorkers = PlanWorkers(1)):
-        self.cluster, self.whatif, self.mode, self.workers = cluster, whatif, mode, workers
+                 max_candidates: int, rules: ModeRules = SYNC, confirm_plans: int = 1,
+                 switch_rule: str = "consecutive", workers: PlanWorkers = PlanWorkers(1)):
+        self.cluster, self.whatif, self.rules, self.workers = cluster, whatif, rules, workers
         self.hysteresis, self.allow_colocated = hysteresis, allow_colocated
         self.max_candidates, self.confirm_plans, self.switch_rule = max_candidates, confirm_plans, switch_rule
         self._last: dict[int, float] = {}     # the last plan's scores: the order to try candidates in
@@ -132,15 +68,10 @@ class Planner:
         self._unweighed: tuple[dict[int, float], int | None] | None = None   # both before the last `weigh`
         self.decode_floor_s = decode_floor_s(cluster)
 
-    def on_mean_end(self, to_end: bool) -> bool:
-        """Whether a plan scores the mean end: in async RL, until the rolling set is the rest of the run
-        (`to_end`); from then on the run ends with its last trajectory, as a sync step does."""
-        return self.mode != "sync" and not to_end
-
     def score(self, outcome: Outcome, to_end: bool = False) -> float:
         """Sync, and async once the plan covers the run's end: the last end; async before: the mean end of
         the rolling set."""
-        return outcome.mean_end_s if self.on_mean_end(to_end) else outcome.completion_s
+        return outcome.mean_end_s if self.rules.on_mean_end(to_end) else outcome.completion_s
 
     def scored_run(self, futures: list[FutureTrajectory], roles_now: list[Role], roles: list[Role],
                    new: list[FutureTrajectory], max_in_flight: int, launched: list[Role] | None,
@@ -148,7 +79,7 @@ class Planner:
         """The score of one what-if run to its end (no bound) under `roles`, reached from `roles_now`
         (`step_start`: between two sync steps, WhatIf.run)."""
         return self.score(self.whatif.run(futures, roles_now, roles, new, max_in_flight,
-                                          on_mean_end=self.on_mean_end(to_end), launched_as=launched,
+                                          on_mean_end=self.rules.on_mean_end(to_end), launched_as=launched,
                                           step_start=step_start), to_end)
 
     def runs(self, run: Callable[..., float], tasks: list[tuple]) -> list[float]:
@@ -179,7 +110,7 @@ class Planner:
         allocation can beat staying by the hysteresis, so no other candidate is run; this returns for how
         long that holds if the world goes as sampled (both shrink by the time t that passes:
         floor - t >= (1 - h)(end - t) while t <= (floor - (1 - h) end) / h). None: not settled."""
-        if self.on_mean_end(to_end):
+        if self.rules.on_mean_end(to_end):
             return None
         slack = critical_path_floor(trajectories, self.decode_floor_s) - (1 - self.hysteresis) * self.score(staying, to_end)
         if slack < 0:
@@ -215,8 +146,9 @@ class Planner:
             bound = min((self.score(o, to_end) for o in outcomes.values()), default=np.inf) * (1 + self.hysteresis)
             bounds[split] = bound
             outcomes[split] = self.whatif.run(futures, now_roles, [roles[e.engine_id] for e in view.engines],
-                                              new, max_in_flight, bound=bound, on_mean_end=self.on_mean_end(to_end),
-                                              launched_as=launched, then=then if split == current else None)
+                                              new, max_in_flight, bound=bound,
+                                              on_mean_end=self.rules.on_mean_end(to_end), launched_as=launched,
+                                              then=then if split == current else None)
             closed_for = self.settled([*futures, *new], outcomes[current], to_end) if split == current else None
             if closed_for is not None:
                 self._last = {current: self.score(outcomes[current], to_end)}
@@ -363,7 +295,7 @@ class Planner:
         own: dict[int, list[float]] = {}
         stay = current if current is not None else COLOCATED if self.allow_colocated and not hedges else None
         stay = stay if stay in splits else None
-        if stay is not None and not self.on_mean_end(to_end):
+        if stay is not None and not self.rules.on_mean_end(to_end):
             # each sample's critical-path floor is below every candidate's score on it: when staying's mean
             # is that close to the floors' mean, the rules below keep `stay` whatever the other candidates
             # score, so they are not run

@@ -5,7 +5,7 @@ Only the abstract is public; the algorithm here is ours. Every `control_interval
   -> when a plan is due (every `replan_interval_s`, and at once when a sync step starts):
      sample every live trajectory's future from the per-family distributions learned online (the
      workload's priors until `min_observations`) -- its turns left, the rest of its output or tool
-     call, every later turn -- and, in async RL, the trajectories that will start (whatif.py);
+     call, every later turn -- and, in async RL, the trajectories that will start (forecast.py);
   -> run the simulator forward from the present under colocation and every P:D split, each reached
      from the present roles by moving the fewest engines, switch costs included (planner.py);
   -> switch when the best candidate ends the phase (sync: the step's last trajectory; async: the mean
@@ -40,26 +40,22 @@ import numpy as np
 from harness.api import ClusterView, EventKind, LifecycleEvent, Role, Route, RunInfo, TurnRequest
 from harness.cluster import ClusterConfig, cost_model, is_number
 from harness.policy import Policy
-from harness.prorsa.forecaster import Forecast, Forecaster
+from harness.prorsa.forecast import FutureModel, FutureTrajectory, FutureTurn, future_sampler
+from harness.prorsa.forecast_log import Forecast, ForecastLog
+from harness.prorsa.mode_rules import ModeRules, rules_for
 from harness.prorsa.model import PlanningModel, with_priors
 from harness.prorsa.placement import DecodeWork, route_placing, turns_left_factor
-from harness.prorsa.planner import Decision, Planner, decode_left, future_sampler
+from harness.prorsa.planner import Decision, Planner, decode_left
 from harness.prorsa.slice import ClusterSlice, cluster_split, home, scaled, thinned
 from harness.allocation import COLOCATED, current_split, roles_for, target_roles
 from harness.prorsa.tracker import LifecycleTracker, Phase
 from harness.prorsa.workers import PlanWorkers
-from harness.prorsa.whatif import FutureSampler, FutureTrajectory, FutureTurn, WhatIf
+from harness.prorsa.whatif import WhatIf
 from harness.routing import Balance, PrefixTracker
 from harness.sim.backend import nested_runs
 
 log = logging.getLogger(__name__)
 
-
-# Async: the start is scored on this many sets of `max_in_flight` trajectories. The first set starts on
-# an empty cluster and the allocations tie on it; the later ones start as slots free up, so their ends
-# carry each allocation's throughput, which sets an async run's time (docs/decisions/
-# 2026-12-07-prorsa-rules.md, R2).
-INITIAL_IN_FLIGHT_SETS = 4
 
 # A plan settled by the critical-path floor says how long the choice stays closed if the world goes as
 # its one sample of the futures says (Planner.settled); the next plan is due then, but after at most this
@@ -90,16 +86,14 @@ def same_mix(a: list[float], b: list[float]) -> bool:
 class Prorsa(Policy):
     name = "prorsa"
 
-    def __init__(self, control_interval_s: float = 2.0, replan_interval_s: float = 10.0, horizon_s: float = 20.0,
-                 bins: int = 5, hysteresis: float = 0.05, min_dwell_s: float = 10.0, min_observations: int = 30,
-                 allow_colocated: bool = True, forecast: bool = True, switching: bool = True,
-                 initial: str = "plan", initial_samples: int = 3, initial_max_samples: int = 12,
-                 max_candidates: int = 8, mix_window: int = 128,
-                 confirm_plans: int = 2, switch_rule: str = "consecutive", check_samples: int = 4,
-                 priority: str = "fcfs",
-                 mix_forecast: str = "schedule", placement: str = "kv_load", plan_latency: float | str = 0.0,
-                 plan_events_per_s: float = 85000.0, plan_engines: int = 32, plan_workers: int | str = "auto",
-                 plan_per_engine: int | None = None, model: Mapping | None = None, priors: str = "workload", seed: int = 0, name: str = "prorsa"):
+    def __init__(self, *, control_interval_s: float, replan_interval_s: float, horizon_s: float, bins: int,
+                 hysteresis: float, min_dwell_s: float, min_observations: int, allow_colocated: bool, forecast: bool,
+                 switching: bool, initial: str, initial_samples: int, initial_max_samples: int, max_candidates: int,
+                 mix_window: int, confirm_plans: int, switch_rule: str, check_samples: int, priority: str,
+                 mix_forecast: str, placement: str, plan_latency: float | str, plan_events_per_s: float,
+                 plan_engines: int, plan_workers: int | str, plan_per_engine: int | None, model: Mapping | None,
+                 priors: str, seed: int, name: str = "prorsa"):
+        """Every setting's default lives in configs/policy/prorsa.yaml, so none is written here."""
         self.name = name
         self.control_interval_s = control_interval_s
         self.replan_interval_s = replan_interval_s
@@ -147,6 +141,7 @@ class Prorsa(Policy):
     def initial_roles(self, cluster: ClusterConfig, run: RunInfo) -> list[Role]:
         run = with_priors(run, self.priors)
         self.run, self.cluster = run, cluster
+        self.rules: ModeRules = rules_for(run)   # what the run's mode sets (mode_rules.py)
         self.balance = Balance.of(cluster)
         planned = self.model.cluster(cluster)   # what the what-if simulates (model.py)
         if cluster.num_engines > self.plan_engines:   # a slice of it (slice.py)
@@ -154,8 +149,8 @@ class Prorsa(Policy):
             self.slice_share = self.plan_engines / cluster.num_engines
         whatif = WhatIf(planned, self.bins, self.horizon_s / self.bins, staleness=run.staleness)
         self.planner = Planner(planned, whatif, self.hysteresis, self.allow_colocated, self.max_candidates,
-                               run.mode, self.confirm_plans, self.switch_rule, self.workers)
-        self.forecaster = Forecaster(self.horizon_s, self.bins)
+                               self.rules, self.confirm_plans, self.switch_rule, self.workers)
+        self.forecast_log = ForecastLog(self.horizon_s, self.bins)
         # a thinned rank holds 1/weight of its KV, and one trajectory of the longest context the run allows
         rank_kv = min(cost_model(planned, r).kv_capacity_tokens(planned.memory_fraction, planned.activation_reserve_bytes)
                       for r in Role)
@@ -168,7 +163,7 @@ class Prorsa(Policy):
         dp = decode.par.dp
         self.default_tpot_s = float(decode.decode_step_times(np.full(dp, 32 // dp or 1), np.zeros(dp), 1)[0])
         self.weights = [run.weights.get(f, 0.0) or 1e-9 for f in self.families]
-        self._forecast_work_left(self._sampler(0.0))
+        self._forecast_work_left(self.future_model(0.0))
         self.planner.whatif.placement = self.work
         with nested_runs():
             split = COLOCATED if self.initial == "colocated" else self._cluster_split(self._initial_split())
@@ -202,7 +197,7 @@ class Prorsa(Policy):
         """The what-if simulates each trajectory as `weight` of them, its run's counts at that share."""
         whatif = self.planner.whatif
         whatif.weight = weight
-        whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.run.mode == "async" else 0
+        whatif.update_every = self._scaled(self.run.trajectories_per_step) if self.rules.updates_in_flight else 0
         whatif.total = self._scaled(self.run.total_trajectories)
 
     @property
@@ -244,7 +239,7 @@ class Prorsa(Policy):
             old = self.routes[event.trajectory_id]   # the KV leaves from where it is (the prefill side)
             self.routes[event.trajectory_id] = Route(old.prefill_engine, event.engine_id, old.priority)
         if event.kind == EventKind.TURN_READY:
-            self.forecaster.observe_arrival(event.t, event.tokens)
+            self.forecast_log.observe_arrival(event.t, event.tokens)
 
     def plan(self, view: ClusterView) -> dict[int, Role] | None:
         events = self.planner.whatif.events
@@ -266,10 +261,10 @@ class Prorsa(Policy):
         return float(self.plan_latency)
 
     def _plan(self, view: ClusterView) -> dict[int, Role] | None:
-        if self.run.mode == "sync" and not self.tracker.live and self.tracker.started < self.run.total_trajectories:
+        if self.rules.steps and not self.tracker.live and self.tracker.started < self.run.total_trajectories:
             return self._plan_step(view)
-        self.forecaster.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
-        new_step = self.run.mode == "sync" and self.tracker.started > self._starts_seen
+        self.forecast_log.observe_decoding(view.now, sum(s.phase == Phase.DECODING for s in self.tracker.live.values()))
+        new_step = self.rules.steps and self.tracker.started > self._starts_seen
         if not (new_step or view.now >= self._next_plan) or not self.tracker.live:
             return None
         current = current_split(view)
@@ -287,9 +282,9 @@ class Prorsa(Policy):
         wants is decided again by the plan in full, on the same sample of the live trajectories
         (docs/decisions/2026-12-07-confirmed-switch.md)."""
         # an async rolling phase holds `max_in_flight` on the engines at once, as the start's does
-        thin = self.planner.on_mean_end(self._to_end())
+        thin = self.rules.on_mean_end(self._to_end())
         self.tracker.count_generated(view.now, view.generated_tokens())
-        sampler = self._sampler(view.now)
+        sampler = self.future_model(view.now)
         self._forecast_work_left(sampler)
         part = self._slice(view)
         planned = view if part is None else part.view(view)   # the engines the what-if simulates
@@ -339,7 +334,7 @@ class Prorsa(Policy):
         left = {part.ids[i]: v for i, v in decode_left(sample.live).items()}
         return target_roles(view, target, left)
 
-    def _sample(self, now: float, sampler: FutureSampler, part: ClusterSlice | None, thin: bool) -> Sample:
+    def _sample(self, now: float, sampler: FutureModel, part: ClusterSlice | None, thin: bool) -> Sample:
         """One sample of the futures a plan scores the candidates on, thinned (`thin`, `_simulate_at`) or
         not: the live trajectories', the trajectories to start (async), their hedges (async, several
         families) and the next step's batch (sync, for the forecast); and the plan's stream, which
@@ -352,8 +347,8 @@ class Prorsa(Policy):
         if not self.use_forecast:
             return Sample(self._present(now, part), [], [], None, rng)
         live = self._live(sampler, now, rng, part)
-        new = self._new(sampler, rng) if self.run.mode == "async" else []
-        hedges = self._hedges(sampler, rng) if self.run.mode == "async" and len(self.families) > 1 else []
+        new = self._new(sampler, rng) if self.rules.samples_starts else []
+        hedges = self._hedges(sampler, rng) if self.rules.samples_starts and len(self.families) > 1 else []
         then = self._next_step(sampler, np.random.default_rng([self.seed, self._plans, 1]))
         return Sample(live, new, hedges, then, rng)
 
@@ -362,7 +357,7 @@ class Prorsa(Policy):
         return self.planner.decide(planned, at, sample.live, sample.new, self._scaled(self.run.max_in_flight),
                                    sample.hedges, to_end=self._to_end(), then=sample.then)
 
-    def _live(self, sampler: FutureSampler, now: float, rng: np.random.Generator,
+    def _live(self, sampler: FutureModel, now: float, rng: np.random.Generator,
               part: ClusterSlice | None) -> list[FutureTrajectory]:
         """The sampled futures of the live trajectories a plan simulates (those of the slice, if any)."""
         if part is None:
@@ -372,7 +367,7 @@ class Prorsa(Policy):
                                                    keep=lambda s: part.keeps(s, self.prefix, self.routes)))
         return self._thinned(futures, stratum=home)   # each engine keeps its share
 
-    def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureSampler,
+    def _checked(self, view: ClusterView, d: Decision, current: int, sampler: FutureModel,
                  rng: np.random.Generator, part: ClusterSlice | None) -> bool:
         """Whether the switch a plan wants still beats staying by the hysteresis, by the mean over
         `check_samples` fresh samples of the futures (Planner.check says why one sample is not enough):
@@ -380,12 +375,12 @@ class Prorsa(Policy):
         kv_both an async switch is a router update, and a wrong one is undone at the next plan for
         nothing (docs/decisions/2026-12-07-prorsa-rules.md, R4). With `forecast: false` a plan has no
         sample (the present only)."""
-        async_priced = self.run.mode == "async" and self.cluster.switch_mechanism != "kv_both"
-        if not (self.run.mode == "sync" or async_priced) or not self.check_samples or not self.use_forecast:
+        if not self.rules.checks_switch(self.cluster) or not self.check_samples or not self.use_forecast:
             return True
-        samples = [(self._live(sampler, view.now, rng, part), self._new(sampler, rng) if async_priced else [])
+        starts = self.rules.samples_starts   # async: the fresh samples hold the trajectories to start too
+        samples = [(self._live(sampler, view.now, rng, part), self._new(sampler, rng) if starts else [])
                    for _ in range(self.check_samples)]
-        stay, move = self.planner.check(view, d, samples, self._scaled(self.run.max_in_flight) if async_priced else 0,
+        stay, move = self.planner.check(view, d, samples, self._scaled(self.run.max_in_flight) if starts else 0,
                                         self._to_end())
         n = len(view.engines)
         log.debug("t=%.1f check over %d fresh samples: %s %.1f s, %s %.1f s", view.now, len(samples),
@@ -399,7 +394,7 @@ class Prorsa(Policy):
         split a tail wants can be the wrong one to start a batch in (docs/decisions/
         2026-12-07-prorsa-rules.md, R5). So when the switches of the last step left the cluster in
         another allocation than the one its start was planned in, the next step is planned as the
-        initial allocation is (whatif.py, samples of a batch from the distributions learned so far),
+        initial allocation is (forecast.py, samples of a batch from the distributions learned so far),
         each candidate reached from the present roles with its switch priced; where they did not, the
         step starts where the last one did, unless the trainer's declared task mix for the next step
         differs from the one the present split was planned for, or the run started on the neutral prior
@@ -443,16 +438,16 @@ class Prorsa(Policy):
 
     def forecast_frame(self):
         """Forecast vs actual per bin (forecast.parquet), when forecasting is on."""
-        return self.forecaster.frame() if self.use_forecast else None
+        return self.forecast_log.frame() if self.use_forecast else None
 
     def metrics(self) -> dict:
         out = {"prorsa_decisions": [[round(t, 3), k] for t, k in self.decisions]}
         if self.use_forecast:
-            out.update(self.forecaster.errors())
+            out.update(self.forecast_log.errors())
         return out
 
     # --- helpers --------------------------------------------------------------------------------
-    def _forecast_work_left(self, sampler: FutureSampler) -> None:
+    def _forecast_work_left(self, sampler: FutureModel) -> None:
         """Per family and turn index k, the turns a trajectory has left from its turn k on,
         (1 + E[turns - (k+1) | turns > k]), times the family's mean turn: for `priority: remaining_work`
         its time (mean output x time per token + mean tool call; queues then serve the trajectories with
@@ -468,12 +463,13 @@ class Prorsa(Policy):
             if self.work is not None:
                 self.work.left[f] = factor * output
 
-    def _sampler(self, now: float, whole_run: bool = False) -> FutureSampler:
-        """The distributions a plan samples from (`whole_run`: an async start whose sample is the whole
-        run; planner.future_sampler)."""
+    def future_model(self, now: float, whole_run: bool = False) -> FutureModel:
+        """The forecast every plan samples its futures from: the distributions learned so far (`whole_run`:
+        an async start whose sample is the whole run; forecast.py `future_sampler`). The plug-in point of
+        another forecast: a subclass overrides this method and returns any FutureModel (docs/prorsa.md)."""
         return future_sampler(self.tracker, self.run, self.min_obs, now, self._tpot(), whole_run)
 
-    def _new(self, sampler: FutureSampler, rng) -> list[FutureTrajectory]:
+    def _new(self, sampler: FutureModel, rng) -> list[FutureTrajectory]:
         """Async: the next `max_in_flight` trajectories to start (fewer when the run has fewer left:
         num_steps x trajectories_per_step in all). `mix_forecast: schedule`: each in the task mix of the
         batch it will start in (RunInfo.step_weights, the data loader's declared curriculum), so a plan
@@ -489,7 +485,7 @@ class Prorsa(Policy):
             weights = [recent.count(f) for f in self.families]
         return sampler.new(self.families, weights, count, -1 - count, rng)
 
-    def _scheduled(self, sampler: FutureSampler, start: int, full: int, first_id: int, rng,
+    def _scheduled(self, sampler: FutureModel, start: int, full: int, first_id: int, rng,
                    group: int = 1, weight: int | None = None) -> list[FutureTrajectory]:
         """The run's trajectories `start` to `start + full` (at the slice's share, one in `weight`), each
         in the declared task mix of the batch it starts in."""
@@ -532,12 +528,12 @@ class Prorsa(Policy):
             return self.weights
         return self._step_mix(self.tracker.started // self.run.trajectories_per_step)
 
-    def _next_step(self, sampler: FutureSampler, rng: np.random.Generator) -> Callable[[], list[FutureTrajectory]] | None:
+    def _next_step(self, sampler: FutureModel, rng: np.random.Generator) -> Callable[[], list[FutureTrajectory]] | None:
         """Sync: the next step's batch for the forecast (None in async and after the last step), in GRPO
         groups and in its step's task mix; drawn only if the forecast's run reaches it, from a stream
         of its own (`rng`), so the plans' samples (and decisions) are those they would be without it."""
         run = self.run
-        if run.mode != "sync" or self.tracker.started >= run.total_trajectories:
+        if not self.rules.steps or self.tracker.started >= run.total_trajectories:
             return None
         weights = self._next_step_mix()
         count = self._scaled(run.trajectories_per_step)
@@ -547,7 +543,7 @@ class Prorsa(Policy):
         """Async: whether the live trajectories and the next to start are all the run has left, so the
         plan decides when the run ends (its last trajectory), not how fast the pipeline flows
         (docs/decisions/2026-12-07-prorsa-rules.md, R9)."""
-        return self.run.mode == "async" and self._trajectories_left() <= self.run.max_in_flight
+        return self.rules.to_end(self.run, self._trajectories_left())
 
     def _trajectories_left(self) -> int:
         """Trajectories the run has still to start."""
@@ -561,7 +557,7 @@ class Prorsa(Policy):
         """The trajectories a plan samples to start (the slice's share of `_starting`)."""
         return self._scaled(self._starting())
 
-    def _hedges(self, sampler: FutureSampler, rng) -> list[list[FutureTrajectory]]:
+    def _hedges(self, sampler: FutureModel, rng) -> list[list[FutureTrajectory]]:
         """Async with several families, when a switch drains the engine (`drain`, `reshard`): the next
         trajectories to start if the mix turned to one family alone (as many as `_new` draws), one set
         per family. None with `kv_both`: a switch there is a router update, so a split that turns out
@@ -581,27 +577,25 @@ class Prorsa(Policy):
         now = present.now if present is not None else 0.0
         # a stream of its own per step start (the plans' streams are [seed, plan number])
         rng = np.random.default_rng([self.seed, 0] if present is None else [self.seed, 0, self.tracker.started])
-        # async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight, never more than the run has (a sample more
-        # loaded than the run favours splits: docs/decisions/2026-12-07-prorsa-rules.md, R11)
+        # sync: a step's batch; async: INITIAL_IN_FLIGHT_SETS sets of max_in_flight (mode_rules.py)
         run = self.run
-        full = run.trajectories_per_step if run.mode == "sync" else \
-            min(INITIAL_IN_FLIGHT_SETS * run.max_in_flight, run.total_trajectories)
+        full = self.rules.initial_count(run)
         # a sample that is the whole run (async) is scored as a sync step is: by its last end, in GRPO
         # groups with each trajectory's output level, on `initial_max_samples` samples. Why: the run's
         # time is its last end, set by a few long chains of turns, which the allocation slows or speeds
         # while the mean ends tie; one sample's last end spreads by 10-20%, more than the hysteresis
         # (docs/decisions/2026-12-07-prorsa-rules.md, R12).
         # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
-        whole = run.mode == "async" and full == run.total_trajectories
-        sampler = self._sampler(now, whole)
-        as_step = run.mode == "sync" or whole
+        whole = self.rules.whole_run(run, full)
+        sampler = self.future_model(now, whole)
+        as_step = not self.rules.on_mean_end(whole)
         group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
         # a thinned sample is drawn whole, then thinned (by GRPO groups where it is scored by its last
         # end: by their longest chains, slice.py), so the screen's finalists race on the same draws whole
         unit = (lambda ft: ft.trajectory_id // group) if as_step else (lambda ft: ft.trajectory_id)
         count = self._scaled(full, 1)
-        if run.mode == "async" and self.mix_forecast == "schedule" and run.step_weights:
+        if self.rules.schedules_start and self.mix_forecast == "schedule" and run.step_weights:
             # an async start's sample spans several batches: each in its declared mix, as plans draw them
             def draw() -> list[FutureTrajectory]:
                 return self._scheduled(sampler, 0, full, 0, rng, group, 1)
@@ -661,4 +655,4 @@ class Prorsa(Policy):
         prefill, decode = outcome.prefill_tokens, outcome.decode_seqs
         if share < 1.0:
             prefill, decode = prefill / share, decode / share
-        self.forecaster.history.append(Forecast(now, w, prefill, decode))
+        self.forecast_log.history.append(Forecast(now, w, prefill, decode))

@@ -26,7 +26,7 @@ from harness.api import ClusterView, EngineState, Role, Route
 from harness.prorsa.placement import DecodeWork
 from harness.allocation import COLOCATED
 from harness.prorsa.tracker import TrajectoryState
-from harness.prorsa.whatif import ROUTED, FutureTrajectory
+from harness.prorsa.forecast import ROUTED, FutureTrajectory
 from harness.routing import PrefixTracker
 
 _SPREAD = 2654435761   # Knuth's multiplicative hash: a trajectory on no engine joins by its id, spread

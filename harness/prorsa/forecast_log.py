@@ -1,4 +1,4 @@
-"""Forecast bookkeeping: what Prorsa predicted for each bin of its horizon, against what happened.
+"""Forecast log: what Prorsa predicted for each bin of its horizon, against what happened.
 
 A forecast (made by the what-if run under the present allocation, whatif.py) gives per bin of
 `horizon_s / bins` seconds: the prompt tokens that become ready (TURN_READY tokens: what each turn
@@ -32,7 +32,9 @@ class Forecast:
         return len(self.prefill_tokens)
 
 
-class Forecaster:
+class ForecastLog:
+    """The forecasts made so far and what happened in their horizons."""
+
     def __init__(self, horizon_s: float, bins: int):
         self.horizon_s = horizon_s
         self.bin_s = horizon_s / bins

@@ -53,8 +53,8 @@ QWEN235 = ["cluster=qwen235_h200", "cluster.num_engines=1", "policy=colocate"]  
 # TensorRT-LLM's steps as vLLM's (decode first, then prefill within the token budget); its batch limits are
 # the ones trtllm-bench picks (`trtllm_bench_limits`).
 TRTLLM = ["cluster.engine=vllm"]
-# trtllm-bench's KV share of the memory left after the weights: its --kv_cache_free_gpu_mem_fraction default
-# (NVIDIA/TensorRT-LLM tensorrt_llm/bench/benchmark/utils/general.py @0171265e).
+# trtllm-bench's KV share of the memory left after the weights: the default of `throughput`'s
+# --kv_cache_free_gpu_mem_fraction (NVIDIA/TensorRT-LLM tensorrt_llm/bench/benchmark/throughput.py @000a01de).
 TRTLLM_KV_FRACTION = 0.90
 # The memory NVML reports, which trtllm-bench's rule reads (nvidia-smi memory.total: H100 SXM 80GB HBM3
 # 81,559 MiB, H200 143,771 MiB), a little above the datasheets' 80 GB and 141 GB.
@@ -66,12 +66,13 @@ def _round_up(x: float, step: int) -> int:
 
 
 def trtllm_bench_limits(model: str, gpu: str, tp: int, isl: int, osl: int) -> list[str]:
-    """max_batch_size and max_num_tokens as `trtllm-bench throughput` sets them when the command gives
-    neither (the perf overview's runs): as many requests as the KV memory holds at ISL + OSL tokens each,
-    rounded up, and a token budget of the batch's share of prompt tokens, at least the longest prompt plus
-    the batch (no chunked prefill). NVIDIA/TensorRT-LLM tensorrt_llm/bench/build/tuning.py @04cba882
-    (`calc_engine_setting`, `finetune_setting`). KV in BF16 (the simulator's KV dtype); attention DP is
-    not in that rule, and its limits apply to each attention rank."""
+    """max_batch_size and max_num_tokens by the rule `trtllm-bench throughput` applies when the command
+    gives neither (the perf overview's runs), for a BF16 KV cache (the simulator's): as many requests as
+    the KV memory holds at ISL + OSL tokens each (rounded up), and a token budget of that unrounded count's
+    share of prompt tokens (rounded up), at least the longest prompt plus the batch (no chunked prefill).
+    NVIDIA/TensorRT-LLM tensorrt_llm/bench/build/tuning.py @04cba882 (`calc_engine_setting`,
+    `finetune_setting`); the floor: bench/benchmark/utils/general.py @0171265e (`get_settings`). Attention
+    DP is not in that rule, and its limits apply to each attention rank."""
     spec, mem = model_catalogue()[model], NVML_TOTAL_BYTES[gpu]
     kv_per_token = 2 * spec.layers * max(tp, spec.kv_heads) * spec.head_dim * 2
     weight_bytes = spec.total_params * WEIGHT_BYTES["fp8"]

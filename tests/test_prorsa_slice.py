@@ -188,7 +188,7 @@ class Recorded(Prorsa):
 
     def _simulate_at(self, count):
         super()._simulate_at(count)
-        self.seen.append((self.run.mode == "async" and not self._to_end(), self.weight))
+        self.seen.append((self.rules.on_mean_end(self._to_end()), self.weight))
 
 
 def weights_planned(overrides: list[str]) -> list[tuple[bool, int]]:

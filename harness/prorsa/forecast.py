@@ -489,7 +489,7 @@ def future_sampler(tracker: LifecycleTracker, run: RunInfo, min_observations: in
                 out[family] = product_limit(np.asarray(seen, dtype=float), np.asarray(running, dtype=float), prior)
         return out
     turns = pick(tracker.finished_turns, "turns")
-    shared = output_shared(tracker, run, min_observations) if not rules_for(run).on_mean_end(whole_run) else {}
+    shared = output_shared(tracker, run, min_observations) if rules_for(run).shares_output(whole_run) else {}
     return FutureSampler(outputs=pick(tracker.outputs, "output_tokens"),
                          tool_latency=pick(tracker.tool_latencies, "tool_latency_s"),
                          tool_outputs=pick(tracker.tool_outputs, "tool_output_tokens"),

@@ -4,7 +4,8 @@ forecast.py ask the run's rules (`rules_for`), never the mode's name.
 Sync RL runs a batch of trajectories per step, and a step ends when its last trajectory ends, so its
 plans score that last end. Async RL keeps a rolling set of `max_in_flight` trajectories, and its plans
 score their mean end until the run's last phase. Serving (mode=serve) sends single-turn requests at
-arrival times, a rolling set as in async RL, planned on the requests in flight only. The rules behind
+arrival times, a rolling set as in async RL: its start is planned on sampled requests, every later plan
+on the requests in flight only. The rules behind
 each answer: docs/decisions/2026-12-07-prorsa-rules.md (R2, R4, R5, R7, R9, R11-R13, R21).
 """
 from __future__ import annotations
@@ -53,8 +54,12 @@ class ModeRules(ABC):
     @abstractmethod
     def on_mean_end(self, to_end: bool) -> bool:
         """Whether a plan scores its trajectories' mean end, not their last (`to_end`: it covers the run's
-        end). Where it scores the last end, its sample is drawn as a step is: in GRPO groups, each
-        trajectory's turns sharing an output level (forecast.py `output_shared`, R13)."""
+        end)."""
+
+    @abstractmethod
+    def shares_output(self, whole_run: bool) -> bool:
+        """Whether the futures are drawn as a step's are, each trajectory's turns sharing an output level
+        (forecast.py `output_shared`, R13); `whole_run`: the sample is all the run has."""
 
 
 class SyncRules(ModeRules):
@@ -84,6 +89,10 @@ class SyncRules(ModeRules):
     def on_mean_end(self, to_end: bool) -> bool:
         """Never: the trainer waits for the step's last trajectory."""
         return False
+
+    def shares_output(self, whole_run: bool) -> bool:
+        """Always: a step ends with its longest trajectories, whose turns run long together."""
+        return True
 
 
 class AsyncRules(ModeRules):
@@ -116,6 +125,10 @@ class AsyncRules(ModeRules):
         """Until the plan covers the run's end (R9): async RL wants throughput, and the last end of a
         rolling set is a few long chains of turns and tool calls."""
         return not to_end
+
+    def shares_output(self, whole_run: bool) -> bool:
+        """Only for a start sampled whole: scored by its last end, as a step is (R12, R13)."""
+        return whole_run
 
 
 class ServeRules(AsyncRules):

@@ -74,7 +74,7 @@ def trtllm_bench_limits(model: str, gpu: str, tp: int, isl: int, osl: int) -> li
     `finetune_setting`); the floor: bench/benchmark/utils/general.py @0171265e (`get_settings`). Attention
     DP is not in that rule, and its limits apply to each attention rank."""
     spec, mem = model_catalogue()[model], NVML_TOTAL_BYTES[gpu]
-    kv_per_token = 2 * spec.layers * max(tp, spec.kv_heads) * spec.head_dim * 2
+    kv_per_token = spec.kv_bytes_per_token // spec.kv_heads * max(tp, spec.kv_heads)   # KV heads replicated up to TP
     weight_bytes = spec.total_params * WEIGHT_BYTES["fp8"]
     requests = (mem * tp - weight_bytes) * TRTLLM_KV_FRACTION / (kv_per_token * (isl + osl))
     raw = min(requests, 4096)

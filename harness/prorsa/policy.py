@@ -588,7 +588,7 @@ class Prorsa(Policy):
         # Other async samples are scored by their mean end, each trajectory and turn drawn afresh.
         whole = self.rules.whole_run(run, full)
         sampler = self.future_model(now, whole)
-        as_step = not self.rules.on_mean_end(whole)
+        as_step = self.rules.shares_output(whole)
         group = run.group_size if as_step else 1
         first = self.initial_max_samples if whole else self.initial_samples
         # a thinned sample is drawn whole, then thinned (by GRPO groups where it is scored by its last
